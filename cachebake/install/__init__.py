@@ -1,0 +1,123 @@
+"""``cachebake install``: make a bake hit on this machine, at any path, or say why it can't.
+
+Steps, in order; nothing is written to DIR before step 5:
+
+1. open the artifact (dir, OCI layout or .tar.zst + manifest) and pick the bake for the GPU
+   target (``--target``, else the serving fingerprint's, else the visible GPU's);
+2. refuse unknown manifest versions (UNSUPPORTED);
+3. preflight the fingerprint against the serving environment (PREFLIGHT, or warnings with
+   ``--allow-mismatch``);
+4. if DIR already holds this digest for this serve path: "already installed", done;
+   otherwise scan the whole layer, verifying digests and every entry (CORRUPT / UNSAFE);
+5. under DIR's lock: re-check, clean a killed install's leftovers, extract into a staging dir
+   relocating Triton group files on the way, sync, switch atomically (see atomic.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from cachebake.errors import Unsupported
+from cachebake.install import atomic, extract, preflight, relocate
+from cachebake.install.source import normalize_target, open_source
+from cachebake.roles import serving_env
+
+FORMAT_VERSIONS = (1,)
+LOCK_TIMEOUT_S = 600.0
+
+
+@dataclass
+class InstallReport:
+    status: str  # "installed" | "replaced" | "already installed"
+    artifact: str
+    target: str
+    layer_digest: str
+    to: str
+    serve_at: str
+    roles: list[str]
+    env: dict[str, str]
+    version_dir: str = ""
+    entries: int = 0
+    files: int = 0
+    file_bytes: int = 0
+    groups_relocated: int = 0
+    cleaned: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pick_target(target: str | None, serving) -> str | None:
+    return normalize_target(target or preflight.fingerprint_target(serving))
+
+
+def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
+                     target: str | None = None, fingerprint_file: str | None = None,
+                     allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
+                     lock_timeout: float = LOCK_TIMEOUT_S) -> InstallReport:
+    started = time.monotonic()
+    source = open_source(os.fspath(artifact))
+    serving = preflight.load_serving_fingerprint(fingerprint_file, target)
+    bake = source.select(_pick_target(target, serving))
+    manifest = bake.manifest
+    if manifest.get("format_version") not in FORMAT_VERSIONS:
+        raise Unsupported(f"bake manifest format_version {manifest.get('format_version')!r} is "
+                          f"not one this cachebake reads ({', '.join(map(str, FORMAT_VERSIONS))}); "
+                          "upgrade cachebake")
+    roles = list(manifest.get("roles") or [])
+    mismatches = preflight.check(manifest, serving, allow_mismatch)
+
+    dest = atomic.InstallDir(to)
+    serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
+    report = InstallReport(
+        status="installed", artifact=os.fspath(artifact), target=bake.target if hasattr(bake, "target")
+        else str(manifest.get("target")), layer_digest=bake.layer_digest, to=str(dest.root),
+        serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
+    dest.check_usable(roles)
+
+    def done(marker: dict | None) -> bool:
+        if marker and marker.get("layer_digest") == bake.layer_digest \
+                and marker.get("serve_at") == serve_root:
+            report.status = "already installed"
+            report.version_dir = str(dest.current.resolve())
+            return True
+        return False
+
+    if done(dest.installed()):
+        report.seconds = round(time.monotonic() - started, 3)
+        return report
+
+    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
+    with source.open_layer(bake) as layer:
+        extract.verify_digest(layer)
+    with source.open_layer(bake) as layer:
+        extract.scan_layer(layer, limits)
+
+    dest.root.mkdir(parents=True, exist_ok=True)
+    with dest.locked(lock_timeout):
+        previous = dest.installed()
+        if done(previous):  # a racing install finished while we scanned
+            report.seconds = round(time.monotonic() - started, 3)
+            return report
+        report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
+        staged = dest.new_staging()
+        with source.open_layer(bake) as layer:
+            stats = extract.extract_layer(layer, limits, str(staged),
+                                          transform=relocate.group_rewriter(serve_root),
+                                          checkpoint=atomic.checkpoint)
+        marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
+                  "serve_at": serve_root, "artifact": report.artifact,
+                  "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "groups_relocated": stats.transformed}
+        version = dest.commit(staged, bake.layer_digest, marker, roles)
+        report.cleaned += dest.clean_leftovers()
+    report.status = "replaced" if previous else "installed"
+    report.version_dir = str(dest.versions / version)
+    report.entries, report.files = stats.entries, stats.files
+    report.file_bytes, report.groups_relocated = stats.file_bytes, stats.transformed
+    report.seconds = round(time.monotonic() - started, 3)
+    return report

@@ -1,0 +1,302 @@
+"""Safe streaming extraction of a bake layer (tar + zstd).
+
+A layer comes from a registry or a shared volume: treat it as hostile.  Extraction runs twice
+over the same digest-verified stream:
+
+* ``scan_layer`` reads every header and byte without writing anything, so a corrupt or
+  unsafe layer is refused before DIR is touched (the issue asks for "nothing written");
+* ``extract_layer`` writes into a fresh staging directory that nobody else uses.
+
+Both passes apply the same ``LayerGuard``.  The first gate is tarfile's PEP 706 ``data_filter``
+(absolute paths, paths leaving the destination, links leaving it, device and fifo entries,
+setuid/group-write bits stripped).  What we add on top, and why:
+
+* every link, symbolic or hard, is refused outright, even one that stays inside the tree: the
+  packer never writes links, so a link can only be an attack or a bug, and refusing it makes
+  the write side trivially safe (O_CREAT|O_EXCL|O_NOFOLLOW into a fresh directory);
+* setuid/setgid/sticky bits are refused, not silently stripped: they mean someone crafted it;
+* only regular files and directories; no sparse files; no duplicate names; no path below a
+  file; every top-level directory is a role the manifest declares;
+* modes are capped to 0644/0755 (0755 for files with any x bit) whatever the umask;
+* bomb guard: the manifest's declared entry count, file bytes and tar size are hard ceilings
+  while streaming (checked before each write, not after), the declared tar size must be within
+  ``MAX_RATIO`` times the compressed size, and the stream may not run past that ratio either;
+* after the last entry the whole decompressed stream is hashed against the manifest's diff_id
+  and drained to EOF so the compressed blob's digest is checked too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable
+
+import zstandard
+
+from cachebake.errors import CorruptArtifact, Unsupported, UnsafeArtifact
+
+# Real Triton caches compress to 2.6-12% of raw (shared/FACTS.md): a ratio of 38:1 at most.
+# 200:1 leaves room for IR-heavy caches and still stops a zero-filled bomb (zstd: >5000:1).
+MAX_RATIO = 200
+CHUNK = 1 << 20
+# A tiny layer still compresses headers well; do not apply the ratio before this many bytes.
+RATIO_GRACE = 1 << 20
+
+# Called with each file's member name; returns None (copy as is) or a function that maps the
+# file's bytes to the bytes to write (relocation of Triton group files).
+Transform = Callable[[str], "Callable[[bytes], bytes] | None"]
+
+
+@dataclass
+class LayerLimits:
+    """What the (digest-verified) manifest declares about the layer: hard ceilings."""
+
+    roles: frozenset[str]
+    entries: int
+    file_bytes: int
+    tar_size: int
+    compressed_size: int
+    diff_id: str
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, compressed_size: int) -> "LayerLimits":
+        layer = manifest.get("layer")
+        if not isinstance(layer, dict):
+            raise CorruptArtifact("manifest has no 'layer' section")
+        try:
+            limits = cls(
+                roles=frozenset(manifest["roles"]),
+                entries=int(layer["entries"]),
+                file_bytes=int(layer["uncompressed_size"]),
+                tar_size=int(layer["tar_size"]),
+                compressed_size=int(compressed_size),
+                diff_id=str(layer["diff_id"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptArtifact(f"manifest 'layer' section is incomplete: {e}") from None
+        media = layer.get("media_type", "application/vnd.oci.image.layer.v1.tar+zstd")
+        if not media.endswith("tar+zstd"):
+            raise Unsupported(f"layer media type {media!r} is not tar+zstd")
+        if limits.tar_size > MAX_RATIO * max(limits.compressed_size, RATIO_GRACE // MAX_RATIO):
+            raise UnsafeArtifact(
+                f"layer declares {limits.tar_size} bytes from {limits.compressed_size} compressed "
+                f"(ratio over {MAX_RATIO}:1): refusing a decompression bomb")
+        return limits
+
+
+@dataclass
+class LayerStats:
+    entries: int = 0
+    files: int = 0
+    file_bytes: int = 0
+    tar_bytes: int = 0
+    transformed: int = 0
+    names: set[str] = field(default_factory=set, repr=False)
+    file_names: set[str] = field(default_factory=set, repr=False)
+
+
+class _Counting:
+    """A read-only stream that counts (and optionally hashes and bounds) what passes through."""
+
+    def __init__(self, raw: BinaryIO, on_read: Callable[[bytes], None]):
+        self.raw, self.on_read = raw, on_read
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.raw.read(n)
+        self.on_read(b)
+        return b
+
+    def readable(self) -> bool:
+        return True
+
+
+class LayerGuard:
+    """The per-entry and per-stream checks, shared by the scan and extract passes."""
+
+    def __init__(self, limits: LayerLimits):
+        self.limits = limits
+        self.stats = LayerStats()
+        self.compressed_read = 0
+        self.hasher = hashlib.sha256()
+
+    # -- stream level ----------------------------------------------------------------------
+    def count_compressed(self, b: bytes) -> None:
+        self.compressed_read += len(b)
+
+    def count_tar(self, b: bytes) -> None:
+        self.stats.tar_bytes += len(b)
+        self.hasher.update(b)
+        if self.stats.tar_bytes > self.limits.tar_size:
+            raise UnsafeArtifact(
+                f"layer decompresses past the {self.limits.tar_size} bytes the manifest declares: "
+                "refusing a size bomb")
+        if (self.stats.tar_bytes > RATIO_GRACE
+                and self.stats.tar_bytes > MAX_RATIO * max(self.compressed_read, 1)):
+            raise UnsafeArtifact(
+                f"layer decompresses over {MAX_RATIO}:1 ({self.stats.tar_bytes} bytes from "
+                f"{self.compressed_read}): refusing a decompression bomb")
+
+    def finish(self) -> None:
+        lim, st = self.limits, self.stats
+        if st.entries != lim.entries or st.file_bytes != lim.file_bytes:
+            raise CorruptArtifact(
+                f"layer holds {st.entries} entries / {st.file_bytes} file bytes, the manifest "
+                f"declares {lim.entries} / {lim.file_bytes}")
+        if st.tar_bytes != lim.tar_size:
+            raise CorruptArtifact(
+                f"layer tar is {st.tar_bytes} bytes, the manifest declares {lim.tar_size}")
+        diff_id = "sha256:" + self.hasher.hexdigest()
+        if diff_id != lim.diff_id:
+            raise CorruptArtifact(f"layer tar hashes to {diff_id[:19]}..., the manifest "
+                                  f"declares diff_id {lim.diff_id[:19]}...")
+
+    # -- entry level -----------------------------------------------------------------------
+    def check(self, m: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+        """Refuse ``m`` or return it filtered with capped modes; updates the running totals."""
+        name = m.name
+        # Order matters only for the message: the most specific reason first.
+        if "\x00" in name or not name:
+            raise UnsafeArtifact(f"entry with an empty or NUL-bearing name: {name!r}")
+        if name.startswith("/"):
+            raise UnsafeArtifact(f"entry {name!r} has an absolute path")
+        parts = name.split("/")
+        if ".." in parts:
+            raise UnsafeArtifact(f"entry {name!r} climbs out of the tree with '..'")
+        if any(p in ("", ".") for p in parts):
+            raise UnsafeArtifact(f"entry {name!r} is not a normalized relative path")
+        if m.issym():
+            raise UnsafeArtifact(f"entry {name!r} is a symlink to {m.linkname!r}: layers never hold links")
+        if m.islnk():
+            raise UnsafeArtifact(f"entry {name!r} is a hard link to {m.linkname!r}: layers never hold links")
+        if m.ischr() or m.isblk():
+            raise UnsafeArtifact(f"entry {name!r} is a device node")
+        if m.isfifo():
+            raise UnsafeArtifact(f"entry {name!r} is a fifo")
+        if not (m.isreg() or m.isdir()) or m.issparse():
+            raise UnsafeArtifact(f"entry {name!r} has unsupported tar type {m.type!r}")
+        if m.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX):
+            raise UnsafeArtifact(f"entry {name!r} has setuid/setgid/sticky bits (mode {m.mode:o})")
+        if parts[0] not in self.limits.roles:
+            raise UnsafeArtifact(f"entry {name!r} is outside the roles the manifest declares "
+                                 f"({', '.join(sorted(self.limits.roles))})")
+        st = self.stats
+        if name in st.names:
+            raise UnsafeArtifact(f"entry {name!r} appears twice")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in st.file_names:
+                raise UnsafeArtifact(f"entry {name!r} sits below a regular file")
+        st.entries += 1
+        if st.entries > self.limits.entries:
+            raise UnsafeArtifact(f"layer has more entries than the {self.limits.entries} the "
+                                 "manifest declares")
+        if m.isreg():
+            st.files += 1
+            st.file_bytes += m.size
+            if st.file_bytes > self.limits.file_bytes:
+                raise UnsafeArtifact(f"layer holds more file data than the {self.limits.file_bytes} "
+                                     f"bytes the manifest declares (at {name!r})")
+            st.file_names.add(name)
+        st.names.add(name)
+        try:
+            m = tarfile.data_filter(m, dest)  # PEP 706: the standard gate, kept as a backstop
+        except tarfile.FilterError as e:
+            raise UnsafeArtifact(f"entry {name!r} refused by tarfile's data filter: {e}") from None
+        mode = 0o755 if (m.isdir() or m.mode & 0o111) else 0o644
+        return m.replace(mode=mode, uid=0, gid=0, uname="", gname="", deep=False)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _open_tar(compressed: BinaryIO, guard: LayerGuard) -> tuple[tarfile.TarFile, BinaryIO, BinaryIO]:
+    raw = _Counting(compressed, guard.count_compressed)
+    dctx = zstandard.ZstdDecompressor()
+    plain = _Counting(dctx.stream_reader(raw, read_size=CHUNK, read_across_frames=True),
+                      guard.count_tar)
+    return tarfile.open(fileobj=plain, mode="r|", bufsize=CHUNK), plain, raw
+
+
+def _drain(plain: BinaryIO, raw: BinaryIO) -> None:
+    # tarfile stops at the end-of-archive blocks; the rest of the stream must still be hashed
+    # (diff_id) and the compressed blob read to EOF so its digest is verified.
+    while plain.read(CHUNK):
+        pass
+    while raw.read(CHUNK):
+        pass
+
+
+def _run(compressed: BinaryIO, limits: LayerLimits, visit) -> LayerStats:
+    guard = LayerGuard(limits)
+    try:
+        tar, plain, raw = _open_tar(compressed, guard)
+        for member in tar:
+            visit(guard, tar, member)
+        _drain(plain, raw)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
+        raise CorruptArtifact(f"layer stream is damaged or truncated: {e}") from None
+    guard.finish()
+    return guard.stats
+
+
+def verify_digest(compressed: BinaryIO) -> None:
+    """Pass 0: read the compressed blob to EOF through the artifact's verifying reader.
+
+    Cheap (sha256 of a few MB) and gives a flipped byte its own clear error instead of
+    whatever the decompressor makes of it.
+    """
+    while compressed.read(CHUNK):
+        pass
+
+
+def scan_layer(compressed: BinaryIO, limits: LayerLimits) -> LayerStats:
+    """Pass 1: check every entry and the whole stream; write nothing."""
+    dest = "/nonexistent/cachebake-scan"
+
+    def visit(guard: LayerGuard, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        guard.check(member, dest)
+        if member.isreg():
+            f = tar.extractfile(member)
+            while f.read(CHUNK):
+                pass
+
+    return _run(compressed, limits, visit)
+
+
+def extract_layer(compressed: BinaryIO, limits: LayerLimits, dest: str,
+                  transform: Transform | None = None,
+                  checkpoint: Callable[[str], None] = lambda _: None) -> LayerStats:
+    """Pass 2: write the layer into ``dest``, a fresh empty directory we own."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def visit(guard: LayerGuard, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        m = guard.check(member, dest)
+        path = os.path.join(dest, m.name)
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):  # a layer may omit directory entries
+            os.makedirs(parent, mode=0o755)
+        if m.isdir():
+            os.mkdir(path, 0o755)
+            os.chmod(path, 0o755)  # umask may have dropped bits the server needs
+        else:
+            src = tar.extractfile(member)
+            fd = os.open(path, flags, m.mode)
+            try:
+                os.fchmod(fd, m.mode)
+                rewrite = transform(m.name) if transform is not None else None
+                if rewrite is not None:
+                    _write_all(fd, rewrite(src.read()))
+                    guard.stats.transformed += 1
+                else:
+                    while chunk := src.read(CHUNK):
+                        _write_all(fd, chunk)
+            finally:
+                os.close(fd)
+        checkpoint("entry")
+
+    return _run(compressed, limits, visit)

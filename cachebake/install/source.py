@@ -1,0 +1,125 @@
+"""Open what ``cachebake install`` was given: an artifact dir / OCI layout, or a bare layer.
+
+Artifact directories and bare OCI layouts go through the artifact reader
+(``cachebake.artifact.oci.open_artifact``), which verifies every blob it reads.  A bare
+``.tar.zst`` layer comes with its manifest: ``cachebake.json`` next to it (or ``<name>.json``);
+that manifest is then the root of trust and the layer is checked against its digest.
+Registry references are for the containers work; they will plug in here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from cachebake.errors import BadInput, CorruptArtifact, Unsupported
+
+
+def normalize_target(target: str | None) -> str | None:
+    """``sm_90`` / ``90`` / ``cuda:90`` -> ``cuda:90``."""
+    if target is None:
+        return None
+    t = target.strip().lower()
+    if t.startswith("sm_"):
+        return "cuda:" + t[3:]
+    if t.isdigit():
+        return "cuda:" + t
+    return t
+
+
+def open_source(path: str):
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"{path}: no such artifact")
+    if p.is_file() and p.name.endswith((".tar.zst", ".tzst")):
+        return LayerFile(p)
+    if p.is_dir():
+        from cachebake.artifact.oci import open_artifact
+        return open_artifact(p)
+    raise BadInput(f"{path}: not an artifact directory, OCI layout or .tar.zst layer")
+
+
+@dataclass
+class LayerBake:
+    target: str
+    manifest: dict
+    layer_digest: str
+    layer_size: int
+
+
+class _VerifyingReader:
+    """Reads a blob and raises CorruptArtifact at EOF unless size and sha256 match."""
+
+    def __init__(self, f: BinaryIO, digest: str, size: int):
+        self.f, self.digest, self.size = f, digest, size
+        self.h, self.n, self.done = hashlib.sha256(), 0, False
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.f.read(n)
+        self.h.update(b)
+        self.n += len(b)
+        if self.n > self.size:
+            raise CorruptArtifact(f"layer is longer than the {self.size} bytes declared")
+        if (not b or n is None or n < 0) and not self.done:
+            self.done = True
+            if self.n != self.size or "sha256:" + self.h.hexdigest() != self.digest:
+                raise CorruptArtifact(f"layer {self.f.name} does not match digest {self.digest}")
+        return b
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LayerFile:
+    """A ``.tar.zst`` layer plus the ``cachebake.json`` beside it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        stem = path.name.rsplit(".tar.zst", 1)[0].rsplit(".tzst", 1)[0]
+        for candidate in (path.with_name(stem + ".json"), path.with_name("cachebake.json")):
+            if candidate.is_file():
+                break
+        else:
+            raise BadInput(f"{path}: a bare layer needs its manifest beside it "
+                           f"({stem}.json or cachebake.json)")
+        try:
+            doc = json.loads(candidate.read_text())
+        except ValueError as e:
+            raise CorruptArtifact(f"{candidate}: not JSON ({e})") from None
+        if doc.get("format_version") != 1:
+            raise Unsupported(f"{candidate}: format_version {doc.get('format_version')!r} is not "
+                              "one this cachebake reads (1)")
+        self.bakes = doc.get("bakes") or {}
+
+    def targets(self) -> list[str]:
+        return sorted(self.bakes)
+
+    def select(self, target: str | None) -> LayerBake:
+        t = normalize_target(target)
+        if t is None and len(self.bakes) == 1:
+            t = next(iter(self.bakes))
+        if t not in self.bakes:
+            raise Unsupported(f"no bake for {target} in {self.path.name} (has: "
+                              f"{', '.join(self.targets()) or 'none'})")
+        bake = dict(self.bakes[t])
+        try:
+            digest, size = bake.pop("layer_digest"), int(bake.pop("layer_size"))
+        except (KeyError, ValueError):
+            raise CorruptArtifact(f"manifest entry for {t} lacks layer_digest/layer_size") from None
+        bake.pop("image_manifest_digest", None)
+        return LayerBake(t, bake, digest, size)
+
+    def open_layer(self, ref: LayerBake) -> _VerifyingReader:
+        return _VerifyingReader(open(self.path, "rb"), ref.layer_digest, ref.layer_size)

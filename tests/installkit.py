@@ -1,0 +1,107 @@
+"""Shared helpers and fixtures for the install tests (imported by tests/test_install_*.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import badlayers
+
+REPO = Path(__file__).resolve().parent.parent
+KERNELS = Path(__file__).resolve().parent / "aot_kernels.py"
+
+
+def env_with(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "CACHEBAKE_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def cli(*args, env: dict | None = None, user: str | None = None, check: bool = False):
+    cmd = [sys.executable, "-m", "cachebake.cli", *map(str, args)]
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env or env_with(), cwd="/")
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def compile_kernels(triton_dir: Path | str) -> dict:
+    """Fresh process, TRITON_CACHE_DIR=triton_dir: AOT-compile the test kernels for sm_90."""
+    r = subprocess.run([sys.executable, str(KERNELS)], capture_output=True, text=True,
+                       env=env_with(TRITON_CACHE_DIR=triton_dir), cwd="/")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def tree_state(path: Path) -> dict:
+    """Every entry below ``path`` (not following links): type, mode, content hash/link target."""
+    out = {}
+    if not os.path.lexists(path):
+        return out
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, path)
+            if os.path.islink(p):
+                out[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[rel] = ("dir", st.st_mode & 0o7777)
+            else:
+                out[rel] = ("file", st.st_mode & 0o7777, hashlib.sha256(Path(p).read_bytes()).hexdigest())
+    return out
+
+
+def resolved_view(role_dir: Path) -> dict | None:
+    """What a server sees through DIR/<role>: relpath -> content hash; None if it is absent."""
+    if not role_dir.is_dir():
+        return None
+    view = {}
+    for root, dirs, files in os.walk(role_dir, followlinks=True):
+        for f in files:
+            p = os.path.join(root, f)
+            view[os.path.relpath(p, role_dir)] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+    return view
+
+
+def current_fingerprint_dict(target: str = "sm_90") -> dict:
+    from cachebake.artifact.fingerprint import current_fingerprint
+    return current_fingerprint(target).to_dict()
+
+
+def pack(cache_root: Path, out: Path, roles=("triton",)) -> Path:
+    """Pack ``cache_root``/<role> dirs into an artifact: the real packer when it exists."""
+    try:
+        from cachebake.artifact.pack import CacheRoot, pack_artifact
+    except ImportError:
+        entries = badlayers.tree_entries(cache_root)
+        return badlayers.artifact_from_entries(out, entries, current_fingerprint_dict(), roles=roles)
+    pack_artifact([CacheRoot(r, cache_root / r) for r in roles], out, target="sm_90")
+    return out
+
+
+@pytest.fixture(scope="session")
+def baked(tmp_path_factory) -> dict:
+    """A real bake: kernels compiled at a bake root that is then deleted, packed twice
+    (a second artifact with one more kernel entry, to test replacement)."""
+    base = tmp_path_factory.mktemp("bake")
+    bake_root = base / "bakeroot"
+    result = compile_kernels(bake_root / "triton")
+    assert result["misses"] == 3
+    art = pack(bake_root, base / "artifact")
+    # A second, different bake: same kernels plus a copy of one key dir under a new key.
+    keydirs = sorted((bake_root / "triton").iterdir())
+    shutil.copytree(keydirs[0], bake_root / "triton" / ("Z" * 52))
+    art2 = pack(bake_root, base / "artifact2")
+    shutil.rmtree(bake_root)  # the baked path is gone, as on a serving node
+    return {"artifact": art, "artifact2": art2, "bake_root": bake_root, "base": base}
