@@ -25,10 +25,10 @@ def env_with(**extra) -> dict:
     return env
 
 
-def cli(*args, env: dict | None = None, user: str | None = None, check: bool = False):
+def cli(*args, env: dict | None = None, user: int | None = None, check: bool = False):
     cmd = [sys.executable, "-m", "cachebake.cli", *map(str, args)]
     if user:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]  # numeric ids
     r = subprocess.run(cmd, capture_output=True, text=True, env=env or env_with(), cwd="/")
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")

@@ -55,6 +55,15 @@ def _pick_target(target: str | None, serving) -> str | None:
     return normalize_target(target or preflight.fingerprint_target(serving))
 
 
+def _scan(source, bake, limits: extract.LayerLimits) -> bool:
+    """Passes 0 and 1: digest, then every entry and the whole stream; writes nothing."""
+    with source.open_layer(bake) as layer:
+        extract.verify_digest(layer)
+    with source.open_layer(bake) as layer:
+        extract.scan_layer(layer, limits)
+    return True
+
+
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      target: str | None = None, fingerprint_file: str | None = None,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
@@ -87,23 +96,22 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
             return True
         return False
 
-    if done(dest.installed()):
+    if done(dest.installed()) and not dest.has_leftovers():
         report.seconds = round(time.monotonic() - started, 3)
         return report
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
-    with source.open_layer(bake) as layer:
-        extract.verify_digest(layer)
-    with source.open_layer(bake) as layer:
-        extract.scan_layer(layer, limits)
+    scanned = report.status != "already installed" and _scan(source, bake, limits)
 
     dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
         previous = dest.installed()
-        if done(previous):  # a racing install finished while we scanned
+        report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
+        if done(previous):  # installed already (maybe by a racing install while we scanned)
             report.seconds = round(time.monotonic() - started, 3)
             return report
-        report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
+        report.status = "installed"
+        scanned or _scan(source, bake, limits)
         staged = dest.new_staging()
         with source.open_layer(bake) as layer:
             stats = extract.extract_layer(layer, limits, str(staged),

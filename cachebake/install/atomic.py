@@ -142,6 +142,17 @@ class InstallDir:
                 return None
         return marker
 
+    def has_leftovers(self) -> bool:
+        """Anything a killed install left (checked without the lock; cleaned under it)."""
+        try:
+            if self.staging.is_dir() and any(self.staging.iterdir()):
+                return True
+            if self.versions.is_dir() and len(list(self.versions.iterdir())) > 1:
+                return True
+        except OSError:
+            return True
+        return bool(list(self.state.glob("current.tmp-*")) or list(self.root.glob(".*.cachebake-tmp-*")))
+
     # writes (lock held)
     @contextmanager
     def locked(self, timeout: float) -> Iterator[None]:

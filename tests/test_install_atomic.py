@@ -1,0 +1,149 @@
+"""Atomicity: racing installs, SIGKILL at every checkpoint, non-root, read-only source."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from installkit import REPO, baked, cli, compile_kernels, env_with, resolved_view  # noqa: F401
+
+from cachebake.install import atomic, install_artifact
+
+
+@pytest.fixture(scope="module")
+def fp_file(tmp_path_factory):
+    """The serving fingerprint as a file: the installer subprocesses then never import Triton."""
+    p = tmp_path_factory.mktemp("fp") / "fingerprint.json"
+    cli("fingerprint", "--target", "sm_90", "--out", p, check=True)
+    return p
+
+
+def _spawn(artifact, to, fp_file, **env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "cachebake.cli", "install", str(artifact), "--to", str(to),
+         "--fingerprint", str(fp_file), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with(**env), cwd="/")
+
+
+def _assert_clean(to: Path):
+    """One version, the current one; no staging leftovers, no temporary links."""
+    state = to / ".cachebake"
+    current = os.readlink(state / "current")
+    assert [f"versions/{v.name}" for v in (state / "versions").iterdir()] == [current]
+    assert not any((state / "staging").iterdir()) if (state / "staging").exists() else True
+    assert not list(state.glob("current.tmp-*")) and not list(to.glob(".*cachebake-tmp*"))
+
+
+def test_eight_racing_installs_end_with_one_complete_tree(baked, fp_file, tmp_path):
+    to = tmp_path / "shared"
+    procs = [_spawn(baked["artifact"], to, fp_file) for _ in range(8)]
+    outs = [(p.wait(), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert all(rc == 0 for rc, _, _ in outs), outs
+    statuses = sorted(json.loads(out)["status"] for _, out, _ in outs)
+    assert statuses == ["already installed"] * 7 + ["installed"]
+    _assert_clean(to)
+    result = compile_kernels(to / "triton")
+    assert (result["hits"], result["misses"]) == (3, 0)
+
+
+def test_racing_installs_of_two_bakes_end_with_one_of_them(baked, fp_file, tmp_path):
+    to = tmp_path / "shared"
+    procs = [_spawn(baked["artifact" if i % 2 else "artifact2"], to, fp_file) for i in range(8)]
+    assert all(p.wait() == 0 for p in procs), [p.stderr.read() for p in procs]
+    _assert_clean(to)
+    assert len(list((to / "triton").iterdir())) in (3, 4)
+    result = compile_kernels(to / "triton")
+    assert (result["hits"], result["misses"]) == (3, 0)
+
+
+def _views(baked, fp_file, to):
+    """What DIR/triton shows with bake A and with bake B installed at ``to``."""
+    views = {}
+    for name in ("artifact", "artifact2"):
+        shutil.rmtree(to, ignore_errors=True)
+        install_artifact(baked[name], to, fingerprint_file=str(fp_file))
+        views[name] = resolved_view(to / "triton")
+    shutil.rmtree(to)
+    return views
+
+
+def _count_checkpoints(baked, fp_file, to, first_install) -> int:
+    if not first_install:
+        install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
+    before = atomic.checkpoints_passed()
+    install_artifact(baked["artifact2"], to, fingerprint_file=str(fp_file))
+    shutil.rmtree(to)
+    return atomic.checkpoints_passed() - before
+
+
+@pytest.mark.parametrize("first_install", [False, True], ids=["replace", "first"])
+def test_sigkill_at_every_checkpoint_leaves_old_or_complete(baked, fp_file, tmp_path, first_install):
+    to = tmp_path / "cache"
+    views = _views(baked, fp_file, to)
+    total = _count_checkpoints(baked, fp_file, to, first_install)
+    assert total >= 20, total
+    old = None if first_install else views["artifact"]
+    outcomes = {"old": 0, "new": 0}
+    for kill_at in range(1, total + 1):
+        shutil.rmtree(to, ignore_errors=True)
+        if not first_install:
+            install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
+        p = _spawn(baked["artifact2"], to, fp_file, CACHEBAKE_TEST_KILL_AT=kill_at)
+        assert p.wait() == -signal.SIGKILL, (kill_at, p.stderr.read())
+        seen = resolved_view(to / "triton")
+        assert seen in (old, views["artifact2"]), f"partial tree after a kill at checkpoint {kill_at}"
+        outcomes["old" if seen == old else "new"] += 1
+        # the next install completes and leaves nothing behind
+        report = install_artifact(baked["artifact2"], to, fingerprint_file=str(fp_file))
+        assert report.status in ("installed", "replaced", "already installed")
+        assert resolved_view(to / "triton") == views["artifact2"]
+        _assert_clean(to)
+    assert outcomes["old"] > 0 and outcomes["new"] > 0, outcomes
+
+
+def _nobody_dir() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="cachebake-nobody-"))
+    d.chmod(0o755)
+    return d
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_non_root_install_from_a_read_only_source(baked, fp_file):
+    base = _nobody_dir()
+    try:
+        src = base / "ro-artifact"
+        shutil.copytree(baked["artifact"], src)
+        for p in [src, *src.rglob("*")]:  # read-only for everyone, root-owned
+            p.chmod(0o555 if p.is_dir() else 0o444)
+        fp = base / "fp.json"
+        shutil.copy(fp_file, fp)
+        fp.chmod(0o444)
+        to = base / "vol"  # its parent stays root-owned 0755: nothing may be written beside DIR
+        to.mkdir()
+        os.chown(to, 65534, 65534)  # the writable volume, owned by the unprivileged user
+        assert os.access(REPO, os.R_OK | os.X_OK)
+        r = cli("install", src, "--to", to, "--fingerprint", fp, "--json", user=65534)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["status"] == "installed"
+        for p in to.rglob("*"):
+            st = p.lstat()
+            assert st.st_uid == 65534
+            if not stat.S_ISLNK(st.st_mode):
+                assert stat.S_IMODE(st.st_mode) in (0o644, 0o755), p
+        again = cli("install", src, "--to", to, "--fingerprint", fp, user=65534)
+        assert again.returncode == 0 and again.stdout.startswith("already installed")
+        result = compile_kernels(to / "triton")
+        assert (result["hits"], result["misses"]) == (3, 0)
+    finally:
+        for p in base.rglob("*"):
+            if p.is_dir() and not p.is_symlink():
+                p.chmod(0o755)
+        shutil.rmtree(base)
