@@ -55,13 +55,10 @@ def _pick_target(target: str | None, serving) -> str | None:
     return normalize_target(target or preflight.fingerprint_target(serving))
 
 
-def _scan(source, bake, limits: extract.LayerLimits) -> bool:
-    """Passes 0 and 1: digest, then every entry and the whole stream; writes nothing."""
-    with source.open_layer(bake) as layer:
-        extract.verify_digest(layer)
-    with source.open_layer(bake) as layer:
-        extract.scan_layer(layer, limits)
-    return True
+def _load(source, bake, limits: extract.LayerLimits) -> extract.Layer:
+    """Digest, decompression under the bomb guard, every entry checked; writes nothing."""
+    with source.open_layer(bake) as compressed:
+        return extract.load_layer(compressed, limits)
 
 
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
@@ -101,7 +98,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
         return report
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
-    scanned = report.status != "already installed" and _scan(source, bake, limits)
+    layer = None if report.status == "already installed" else _load(source, bake, limits)
 
     dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
@@ -111,12 +108,11 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
             report.seconds = round(time.monotonic() - started, 3)
             return report
         report.status = "installed"
-        scanned or _scan(source, bake, limits)
+        layer = layer or _load(source, bake, limits)
         staged = dest.new_staging()
-        with source.open_layer(bake) as layer:
-            stats = extract.extract_layer(layer, limits, str(staged),
-                                          transform=relocate.group_rewriter(serve_root),
-                                          checkpoint=atomic.checkpoint)
+        stats = extract.extract_layer(layer, limits, str(staged),
+                                      transform=relocate.group_rewriter(serve_root),
+                                      checkpoint=atomic.checkpoint)
         marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
                   "serve_at": serve_root, "artifact": report.artifact,
                   "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
