@@ -37,13 +37,17 @@ def main() -> None:
 @click.option("--serve-at", default=None,
               help="Path the server sees DIR at, if the volume is mounted elsewhere there.")
 @click.option("--allow-mismatch", is_flag=True, help="Install despite preflight differences.")
+@click.option("--lock-timeout", default=600.0, show_default=True, type=float,
+              help="Seconds to wait for another install into DIR before giving up (exit 11).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, as_json) -> None:
+def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout,
+            as_json) -> None:
     """Preflight, verify and safely, atomically install ARTIFACT into DIR."""
     from cachebake.install import install_artifact
 
     report = install_artifact(artifact, to, target=target, fingerprint_file=fingerprint_file,
-                              allow_mismatch=allow_mismatch, serve_at=serve_at)
+                              allow_mismatch=allow_mismatch, serve_at=serve_at,
+                              lock_timeout=lock_timeout)
     for line in report.mismatches:
         click.echo(f"cachebake: warning: {line} (installed anyway: --allow-mismatch)", err=True)
     if as_json:

@@ -28,7 +28,6 @@ version directory and go away with it when a new bake is installed.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import json
@@ -79,7 +78,9 @@ def sync_tree(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if _libc is None:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            # CDLL(None): the symbols already loaded (libc among them).  find_library would
+            # run ldconfig/gcc, which a read-only root filesystem may not allow.
+            _libc = ctypes.CDLL(None, use_errno=True)
         if getattr(_libc, "syncfs", None) is not None and _libc.syncfs(fd) == 0:
             return
     except OSError:
