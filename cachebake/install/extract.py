@@ -7,9 +7,10 @@ A layer comes from a registry or a shared volume: treat it as hostile.  Two step
   layer is refused before DIR is touched (the issue asks for "nothing written");
 * ``extract_layer`` writes those same bytes into a fresh staging directory nobody else uses.
 
-Both apply the same ``LayerGuard``.  The first gate is tarfile's PEP 706 ``data_filter``
-(absolute paths, paths leaving the destination, links leaving it, device and fifo entries,
-setuid/group-write bits stripped).  What we add on top, and why:
+Both apply the same ``LayerGuard``; at extraction it ends with tarfile's PEP 706
+``data_filter`` against the real destination (absolute paths, paths leaving the destination,
+links leaving it, device and fifo entries; it strips setuid and group/other-write bits).  Our
+own checks run first and are stricter; what they add to the filter, and why:
 
 * every link, symbolic or hard, is refused outright, even one that stays inside the tree: the
   packer never writes links, so a link can only be an attack or a bug, and refusing it makes
@@ -19,8 +20,10 @@ setuid/group-write bits stripped).  What we add on top, and why:
   file; every top-level directory is a role the manifest declares;
 * modes are capped to 0644/0755 (0755 for files with any x bit) whatever the umask;
 * bomb guard: the manifest's declared entry count, file bytes and tar size are hard ceilings
-  while streaming (checked before each write, not after), the declared tar size must be within
-  ``MAX_RATIO`` times the compressed size, and the stream may not run past that ratio either;
+  while decompressing and checking (before anything is written), the declared tar size must be
+  within ``MAX_RATIO`` times the compressed size, the decompressor may not run past that ratio
+  either, and no entry's data may run past the end of the tar; at the end the counts must
+  match the manifest exactly (a short layer is corrupt);
 * the compressed blob is read to EOF through the digest-verifying reader before it is
   decompressed; the decompressed tar is not re-hashed against the manifest's diff_id, since
   the verified compressed digest already pins those bytes (measured: it cost ~15% of install).
