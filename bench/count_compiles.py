@@ -34,6 +34,7 @@ def main() -> None:
 
     compiles: collections.Counter[str] = collections.Counter()
     hits: collections.Counter[str] = collections.Counter()
+    by_step: collections.Counter[str] = collections.Counter()  # CACHEBAKE_STEP at compile time
     compile_seconds = 0.0
 
     def listener(*, src, metadata, metadata_group, times, cache_hit):
@@ -43,6 +44,7 @@ def main() -> None:
             hits[name] += 1
         else:
             compiles[name] += 1
+            by_step[os.environ.get("CACHEBAKE_STEP", "-")] += 1
             if times is not None:  # CompileTimes, microseconds
                 compile_seconds += (times.ir_initialization + times.total_lowering
                                     + times.store_results) / 1e6
@@ -61,6 +63,7 @@ def main() -> None:
         "autotune_files_new": len(new_autotune), "compile_s": round(compile_seconds, 2),
         "compiles_by_kernel": dict(sorted(compiles.items())),
         "hits_by_kernel": dict(sorted(hits.items())),
+        "compiles_by_step": dict(by_step),
     }), flush=True)
 
 
