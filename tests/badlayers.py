@@ -72,13 +72,16 @@ def layer_stats(entries: list[Entry], tar: bytes) -> dict:
         "tar_size": len(tar),
         "entries": len(entries),
         "files": sum(1 for e in entries if e.type == tarfile.REGTYPE),
+        "compression": "zstd-3",
     }
 
 
 def manifest_for(layer: dict, fingerprint: dict, roles=("triton",), target="cuda:90",
                  layer_root="/var/cache/cachebake") -> dict:
-    return {"format_version": 1, "target": target, "fingerprint": fingerprint, "roles": list(roles),
-            "layer_root": layer_root, "layer": layer, "inventory": {}, "bake": {}}
+    return {"format_version": 1, "target": target, "fingerprint": dict(fingerprint, target=target),
+            "roles": list(roles), "layer_root": layer_root, "layer": layer,
+            "inventory": {"kernels": [], "autotune": [], "helpers": [], "dropped": [], "other_files": {}},
+            "bake": {}}
 
 
 def _blob(out: Path, data: bytes) -> tuple[str, int]:
@@ -94,6 +97,7 @@ def write_artifact(out: Path, compressed: bytes, manifest: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     layer_digest, layer_size = _blob(out, compressed)
+    manifest = dict(manifest, layer=dict(manifest["layer"], digest=layer_digest, size=layer_size))
     config = {"architecture": "amd64", "os": "linux",
               "config": {"Labels": {"dev.cachebake.manifest": json.dumps(manifest, sort_keys=True)}},
               "rootfs": {"type": "layers", "diff_ids": [manifest["layer"]["diff_id"]]}}
@@ -110,8 +114,7 @@ def write_artifact(out: Path, compressed: bytes, manifest: dict) -> Path:
                             "annotations": {"org.opencontainers.image.ref.name": "sm_" + target.split(":")[1],
                                             "dev.cachebake.target": target}}]}
     (out / "index.json").write_text(json.dumps(index, sort_keys=True))
-    bake = dict(manifest, image_manifest_digest=img_digest, layer_digest=layer_digest,
-                layer_size=layer_size)
+    bake = dict(manifest, image_manifest_digest=img_digest)
     (out / "cachebake.json").write_text(json.dumps({"format_version": 1, "bakes": {target: bake}},
                                                    sort_keys=True, indent=2))
     return out

@@ -56,7 +56,8 @@ def test_eight_racing_installs_end_with_one_complete_tree(baked, fp_file, tmp_pa
 def test_racing_installs_of_two_bakes_end_with_one_of_them(baked, fp_file, tmp_path):
     to = tmp_path / "shared"
     procs = [_spawn(baked["artifact" if i % 2 else "artifact2"], to, fp_file) for i in range(8)]
-    assert all(p.wait() == 0 for p in procs), [p.stderr.read() for p in procs]
+    outs = [(p.wait(), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert all(rc == 0 for rc, _, _ in outs), outs
     _assert_clean(to)
     assert len(list((to / "triton").iterdir())) in (3, 4)
     result = compile_kernels(to / "triton")

@@ -25,8 +25,7 @@ def _rewrite_layer(art: Path, compressed: bytes) -> None:
     """Swap the layer blob for ``compressed`` with every digest and size made consistent, so
     only the stream itself is bad."""
     man = json.loads((art / "cachebake.json").read_text())["bakes"]["cuda:90"]
-    for k in ("image_manifest_digest", "layer_digest", "layer_size"):
-        man.pop(k)
+    man.pop("image_manifest_digest")
     for p in (art / "blobs" / "sha256").iterdir():
         p.unlink()
     badlayers.write_artifact(art, compressed, man)
@@ -43,10 +42,15 @@ def truncated(art):
     _rewrite_layer(art, badlayers.layer_blob(art).read_bytes()[:-40])
 
 
-def wrong_digest(art):
-    """The image manifest names a layer digest whose blob holds other bytes."""
+def truncated_blob(art):
     blob = badlayers.layer_blob(art)
-    blob.rename(blob.with_name("0" * 64))  # the real bytes under a name they don't hash to
+    blob.write_bytes(blob.read_bytes()[:-40])
+
+
+def wrong_digest(art):
+    """The image manifest names another layer digest than the bake manifest it carries."""
+    blob = badlayers.layer_blob(art)
+    blob.rename(blob.with_name("0" * 64))
     idx = json.loads((art / "index.json").read_text())
     img_path = art / "blobs" / "sha256" / idx["manifests"][0]["digest"].split(":")[1]
     img = json.loads(img_path.read_text())
@@ -83,14 +87,15 @@ CORPUS = {
     "stream_bomb": (GOOD, {"layer_overrides": {"tar_size": 2048}}, None, [], ExitCode.UNSAFE, "decompresses past"),
     "ratio_bomb": (zero_bomb(), {}, None, [], ExitCode.UNSAFE, "decompression bomb"),
     "truncated_stream": (GOOD, {}, truncated, [], ExitCode.CORRUPT, "damaged or truncated"),
-    "flipped_byte": (GOOD, {}, flipped_byte, [], ExitCode.CORRUPT, "does not match"),
-    "wrong_digest": (GOOD, {}, wrong_digest, [], ExitCode.CORRUPT, "sha256:0000"),
+    "flipped_byte": (GOOD, {}, flipped_byte, [], ExitCode.CORRUPT, "does not match its digest"),
+    "wrong_digest": (GOOD, {}, wrong_digest, [], ExitCode.CORRUPT, "disagrees with the cachebake manifest"),
+    "truncated_blob": (GOOD, {}, truncated_blob, [], ExitCode.CORRUPT, "is truncated"),
     "below_a_file": (GOOD + [Entry(f"triton/{KEY}/k.json/x", data=b"x")], {}, None, [], ExitCode.UNSAFE,
                      "below a regular file"),
     "fewer_entries_than_declared": (GOOD, {"layer_overrides": {"entries": 9}}, None, [], ExitCode.CORRUPT,
                                     "the manifest declares 9"),
     "unknown_version": (GOOD, {"manifest_overrides": {"format_version": 99}}, None, [], ExitCode.UNSUPPORTED,
-                        "format_version 99"),
+                        "version 99 is not supported"),
     "no_bake_for_target": (GOOD, {}, None, ["--target", "sm_120"], ExitCode.UNSUPPORTED, "no bake for"),
     "fingerprint_mismatch": (GOOD, {"manifest_overrides": {}}, None, ["--fingerprint", "{other_fp}"],
                              ExitCode.PREFLIGHT, "made for another environment"),

@@ -69,7 +69,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
     bake = source.select(_pick_target(target, serving))
-    manifest = bake.manifest
+    manifest = bake.manifest.to_dict() if hasattr(bake.manifest, "to_dict") else dict(bake.manifest)
     if manifest.get("format_version") not in FORMAT_VERSIONS:
         raise Unsupported(f"bake manifest format_version {manifest.get('format_version')!r} is "
                           f"not one this cachebake reads ({', '.join(map(str, FORMAT_VERSIONS))}); "

@@ -23,6 +23,8 @@ def _fingerprint_api():
 def load_serving_fingerprint(fingerprint_file: str | None, target: str | None):
     """The fingerprint to check against: ``fingerprint_file`` if given, else this process."""
     fp = _fingerprint_api()
+    if fingerprint_file is not None and hasattr(fp.Fingerprint, "load"):
+        return fp.Fingerprint.load(fingerprint_file)
     if fingerprint_file is not None:
         try:
             data = json.loads(Path(fingerprint_file).read_text())

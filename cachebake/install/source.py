@@ -114,11 +114,13 @@ class LayerFile:
             raise Unsupported(f"no bake for {target} in {self.path.name} (has: "
                               f"{', '.join(self.targets()) or 'none'})")
         bake = dict(self.bakes[t])
-        try:
-            digest, size = bake.pop("layer_digest"), int(bake.pop("layer_size"))
-        except (KeyError, ValueError):
-            raise CorruptArtifact(f"manifest entry for {t} lacks layer_digest/layer_size") from None
         bake.pop("image_manifest_digest", None)
+        layer = bake.get("layer") or {}
+        try:
+            digest = bake.pop("layer_digest", None) or layer["digest"]
+            size = int(bake.pop("layer_size", None) or layer["size"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptArtifact(f"manifest entry for {t} names no layer digest and size") from None
         return LayerBake(t, bake, digest, size)
 
     def open_layer(self, ref: LayerBake) -> _VerifyingReader:
