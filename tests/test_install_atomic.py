@@ -84,12 +84,14 @@ def _count_checkpoints(baked, fp_file, to, first_install) -> int:
     return atomic.checkpoints_passed() - before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_install", [False, True], ids=["replace", "first"])
 def test_sigkill_at_every_checkpoint_leaves_old_or_complete(baked, fp_file, tmp_path, first_install):
     to = tmp_path / "cache"
     views = _views(baked, fp_file, to)
     total = _count_checkpoints(baked, fp_file, to, first_install)
     assert total >= 20, total
+    print(f"{total} kill points")
     old = None if first_install else views["artifact"]
     outcomes = {"old": 0, "new": 0}
     for kill_at in range(1, total + 1):

@@ -98,6 +98,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
         return report
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
+    dest.check_space(limits.file_bytes + 4096 * limits.entries)
     layer = None if report.status == "already installed" else _load(source, bake, limits)
 
     dest.root.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
         report.status = "installed"
         layer = layer or _load(source, bake, limits)
         staged = dest.new_staging()
-        stats = extract.extract_layer(layer, limits, str(staged),
+        stats = extract.extract_layer(layer, str(staged),
                                       transform=relocate.group_rewriter(serve_root),
                                       checkpoint=atomic.checkpoint)
         marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,

@@ -126,6 +126,17 @@ class InstallDir:
                 raise BadInput(f"{p} exists and is not managed by cachebake; remove it or "
                                "install into another directory")
 
+    def check_space(self, needed: int) -> None:
+        """Refuse before writing when the bake cannot fit (a half-filled disk helps nobody)."""
+        probe = self.root
+        while not probe.exists():
+            probe = probe.parent
+        st = os.statvfs(probe)
+        free = st.f_bavail * st.f_frsize
+        # file data plus a block per entry's rounding, roughly; an old version stays until the switch
+        if needed > free:
+            raise BadInput(f"{probe}: {free / 1e6:.0f} MB free, the bake needs {needed / 1e6:.0f} MB")
+
     @staticmethod
     def role_link(role: str) -> str:
         return f"{STATE}/current/{role}"
