@@ -70,3 +70,22 @@ def test_a_held_lock_times_out_with_its_own_code(tmp_path):
     finally:
         os.close(fd)
     cli("install", art, "--to", to, "--target", "sm_90", check=True)
+
+
+def test_install_picks_the_index_entry_for_the_target(baked, tmp_path):
+    """Two bakes in one artifact (the real packer adds an index entry per target)."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    art = tmp_path / "multi"
+    shutil.copytree(baked["artifact"], art)
+    other = tmp_path / "cache120" / "triton" / ("B" * 52)
+    other.mkdir(parents=True)
+    (other / "k.cubin").write_bytes(b"sm_120 cubin")
+    (other / "k.json").write_text('{"name": "k"}')
+    pack_artifact([CacheRoot("triton", other.parent)], art, target="sm_120")
+    r = cli("install", art, "--to", tmp_path / "c120", "--target", "sm_120", "--json", check=True)
+    assert json.loads(r.stdout)["target"] == "cuda:120"
+    assert [p.name for p in (tmp_path / "c120" / "triton").iterdir()] == ["B" * 52]
+    r = cli("install", art, "--to", tmp_path / "c90", "--target", "sm_90", "--json", check=True)
+    assert json.loads(r.stdout)["target"] == "cuda:90"
+    assert len(list((tmp_path / "c90" / "triton").iterdir())) == 3
