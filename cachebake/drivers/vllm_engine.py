@@ -167,10 +167,23 @@ def run_round(recipe: Recipe, serve_args: dict[str, Any], *, model_dir: os.PathL
         except subprocess.TimeoutExpired:
             raise CommandFailed(f"vllm round timed out after {timeout:.0f} s (log: {log_path})") from None
     if proc.returncode != 0 or not report_path.exists():
-        tail = log_path.read_bytes()[-2000:].decode(errors="replace").strip().splitlines()[-8:]
         raise CommandFailed(f"vllm round failed (exit {proc.returncode}; log: {log_path}): "
-                            + " | ".join(tail))
+                            + _root_cause(log_path.read_text(errors="replace")))
     return VllmRoundReport.from_dict(json.loads(report_path.read_text()))
+
+
+def _root_cause(log: str) -> str:
+    """The error lines of a failed round's log (vLLM reports the real cause in its worker's
+    lines, well before the final 'Engine core initialization failed')."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    errs = [ln for ln in lines if ("Error:" in ln or "Exception:" in ln) and "plugin" not in ln]
+    seen: list[str] = []
+    for ln in errs:
+        if ln not in seen:
+            seen.append(ln)
+    if len(seen) > 3:  # the first errors are the cause, the last one says where it surfaced
+        seen = seen[:2] + seen[-1:]
+    return " | ".join(seen) if seen else " | ".join(lines[-6:])
 
 
 def _send(llm: Any, batch: RequestBatch, vocab_size: int) -> BatchResult:

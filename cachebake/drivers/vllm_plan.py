@@ -187,33 +187,34 @@ def plan_requests(recipe: Any, serve_args: dict[str, Any],
     chunk = lim.chunk_size or 128
     plan: list[RequestBatch] = []
 
-    def fits(n: int) -> int:  # a prompt of at most n tokens that still leaves room to generate
-        return max(1, min(n, max_len - 16))
+    def fits(n: int, gen: int) -> int:  # a prompt of at most n tokens leaving room for gen more
+        return max(1, min(n, max_len - gen))
 
-    plan.append(RequestBatch("single", "one short prompt, then decode batch 1", [fits(100)], 8, seed=1))
+    plan.append(RequestBatch("single", "one short prompt, then decode batch 1", [fits(100, 8)], 8, seed=1))
     # Prefill shapes around the SSD chunk size, several sequences in one varlen prefill.
-    lens = [fits(n) for n in (1, chunk - 1, chunk, chunk + 1, 2 * chunk + 3, 300 + 57)]
+    lens = [fits(n, 4) for n in (1, chunk - 1, chunk, chunk + 1, 2 * chunk + 3, 300 + 57)]
     plan.append(RequestBatch("prefill-shapes", "varlen prefill across SSD chunk boundaries", lens, 4, seed=2))
 
     # Chunked prefill: the second and later chunks carry initial states (HAS_INITSTATES).
-    if max_len - 16 > budget:
-        n = fits(budget + budget // 2 + 7)
+    if max_len - 4 > budget + 1:
+        n = fits(budget + budget // 2 + 7, 4)
         plan.append(RequestBatch("chunked-prefill", "one prompt longer than max_num_batched_tokens",
                                  [n], 4, seed=3))
-        if max_len - 16 > 2 * budget:
+        if max_len - 4 > 2 * budget + 1:
             plan.append(RequestBatch("chunked-prefill-3", "a prompt spanning three chunks",
-                                     [fits(2 * budget + 33)], 4, seed=4))
+                                     [fits(2 * budget + 33, 4)], 4, seed=4))
     # Two prompts that cannot both fit one step: the second one is split (partial prefill).
-    each = fits(max(2, (budget * 3) // 4))
+    each = fits(max(2, (budget * 3) // 4), 4)
     plan.append(RequestBatch("split-prefill", "two prompts over one step's budget", [each, each], 4, seed=5))
 
     if lim.prefix_caching is not False:
         block = lim.block_size or 16
-        prefix = fits(max(2 * block + 5, 64))
+        prefix = fits(max(2 * block + 5, 64), 64)
         plan.append(RequestBatch("prefix-seed", "a prompt whose prefix later requests reuse",
-                                 [fits(prefix + 21)], 4, shared_prefix=prefix, seed=6))
+                                 [fits(prefix + 21, 4)], 4, shared_prefix=prefix, seed=6))
         plan.append(RequestBatch("prefix-hit", "repeated prefix: prefix-cache hits (align kernels)",
-                                 [fits(prefix + 9), fits(prefix + 40)], 6, shared_prefix=prefix, seed=7))
+                                 [fits(prefix + 9, 6), fits(prefix + 40, 6)], 6, shared_prefix=prefix,
+                                 seed=7))
 
     for n in decode_sizes(lim):
         plen = 9 + n % 7  # short prompts: the prefill is cheap, then n sequences decode together
@@ -224,7 +225,7 @@ def plan_requests(recipe: Any, serve_args: dict[str, Any],
     # Mixed steps: short requests decoding while a long prompt is prefilled in chunks.
     n_dec = max(1, min(lim.max_num_seqs - 2, 33))
     plan.append(RequestBatch("mixed", "decodes alongside a chunked prefill",
-                             [8] * n_dec + [fits(budget), fits(budget // 2 + 5)], 24, seed=8))
+                             [8] * n_dec + [fits(budget, 24), fits(budget // 2 + 5, 24)], 24, seed=8))
 
     k = lim.num_speculative_tokens
     if k:
@@ -233,7 +234,7 @@ def plan_requests(recipe: Any, serve_args: dict[str, Any],
         sizes = {1, 2, 3, max(1, cap // per), cap // per + 1, min(lim.max_num_seqs, cap // per + 16)}
         for n in sorted(s for s in sizes if 1 <= s <= lim.max_num_seqs):
             plan.append(RequestBatch(f"spec-{n}", f"speculative decode: {n} x {per} tokens per step",
-                                     [fits(40)] * n, 16, seed=200 + n, repetitive=True))
+                                     [fits(40, 16)] * n, 16, seed=200 + n, repetitive=True))
     return plan
 
 
