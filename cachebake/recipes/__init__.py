@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +193,3 @@ def load_recipe(name_or_path: str) -> Recipe:
     raise BadInput(f"unknown model {name_or_path!r}: not a recipe "
                    f"({', '.join(sorted(families))}) and no such path")
 
-
-def recipe_resource_names() -> list[str]:
-    """The JSON files shipped in the package (checks package-data in an installed wheel)."""
-    return sorted(p.name for p in resources.files(__name__).iterdir() if p.name.endswith(".json"))
