@@ -252,3 +252,22 @@ def test_round_without_vllm_fails_with_the_childs_error(tmp_path):
     assert json.loads((tmp_path / "w" / "spec.json").read_text())["engine_kwargs"]["load_format"] == "dummy"
     with pytest.raises(BadInput, match="enforce_eager"):
         run_round(r, {"enforce_eager": True}, model_dir=tmp_path / "m", env={}, workdir=tmp_path / "w")
+
+
+def test_prepare_merges_recipe_serve_args_tp_and_model_dir(tmp_path):
+    from cachebake.drivers.vllm_engine import prepare
+
+    recipe, args, mdir = prepare("nemotron-h:47b", 8, serve_args="--max-num-seqs 64 --enable-prefix-caching",
+                                 model_dir=str(tmp_path / "m47"))
+    assert args["tensor_parallel_size"] == 8 and args["max_num_seqs"] == 64
+    assert args["enable_prefix_caching"] is True and args["mamba_ssm_cache_dtype"] == "float32"
+    assert json.loads((mdir / "config.json").read_text()) == recipe.hf_config
+    _, args, _ = prepare("nemotron-h:47b", serve_args={"max_num_seqs": 8}, model_dir=str(tmp_path / "m2"))
+    assert args["tensor_parallel_size"] == 4  # the recipe's, when tp is not given
+    # a local model is baked in place: the path the server serves it from
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "config.json").write_text(json.dumps(load_recipe("mamba2").hf_config))
+    _, args, mdir = prepare(str(tmp_path / "local" / "config.json"), serve_args={"max_num_seqs": 4})
+    assert mdir == (tmp_path / "local").resolve() and args == {"max_num_seqs": 4}
+    with pytest.raises(BadInput, match="enforce_eager"):
+        prepare("nemotron-h", serve_args="--enforce-eager", model_dir=str(tmp_path / "m3"))

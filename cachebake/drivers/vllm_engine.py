@@ -19,6 +19,7 @@ own error.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -200,34 +201,96 @@ def _send(llm: Any, batch: RequestBatch, vocab_size: int) -> BatchResult:
                        round(time.monotonic() - t0, 3))
 
 
-def child_main(spec_path: str, report_path: str) -> int:
-    """Runs inside the bake environment: build the engine, send the plan, write the report."""
-    spec = json.loads(Path(spec_path).read_text())
-    kwargs, hf_config = spec["engine_kwargs"], spec["hf_config"]
-    t0 = time.monotonic()
-    import vllm
-    from vllm import LLM
+def _step(label: str):
+    """The compile monitor's step label (capture.monitor), when that module is present.
 
-    llm = LLM(**kwargs)
+    vLLM runs the model in its EngineCore process, started during ``LLM(...)``; labels set
+    later reach only this front-end process (events still carry times to match batches by)."""
+    try:
+        from cachebake.capture.monitor import step
+    except ImportError:
+        return contextlib.nullcontext()
+    return step(label)
+
+
+def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
+           serve_args: dict[str, Any]) -> VllmRoundReport:
+    """In this process (already in the bake env): build the engine, send the plan."""
+    os.environ.update(OFFLINE_ENV)  # before vLLM / huggingface_hub read them at import
+    t0 = time.monotonic()
+    with _step("vllm-startup"):
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(**kwargs)
     startup = time.monotonic() - t0
     limits = limits_from_vllm_config(llm.llm_engine.vllm_config, hf_config)
     vocab = int(hf_config.get("vocab_size") or 32000)
-    report = VllmRoundReport(model_dir=kwargs["model"], serve_args=spec["serve_args"],
+    report = VllmRoundReport(model_dir=kwargs["model"], serve_args=serve_args,
                              startup_seconds=round(startup, 3), limits=limits.to_dict(),
                              vllm_version=getattr(vllm, "__version__", None))
-    for batch in plan_requests(hf_config, spec["serve_args"], limits):
-        report.batches.append(_send(llm, batch, vocab))
+    for batch in plan_requests(hf_config, serve_args, limits):
+        with _step(f"plan:{batch.label}"):
+            report.batches.append(_send(llm, batch, vocab))
         print(f"cachebake: {batch.label}: {report.batches[-1].seconds} s", flush=True)
     report.seconds = round(time.monotonic() - t0, 3)
-    tmp = Path(report_path + ".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2))
-    os.replace(tmp, report_path)
+    return report
+
+
+def prepare(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
+            model_dir: str | None = None) -> tuple[Recipe, dict[str, Any], Path]:
+    """Resolve a bake's recipe, final serve args and model dir (config.json written there)."""
+    from cachebake.recipes import load_recipe
+
+    recipe = load_recipe(model)
+    extra = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args or {})
+    args = {**recipe.serve_args, **extra}
+    if tp is not None:
+        args["tensor_parallel_size"] = int(tp)
+    validate_serve_args(args)
+    if model_dir is None and recipe.local_path:
+        # A local model is baked where it is: its path is the one the server uses.
+        local = Path(recipe.local_path)
+        model_dir = str(local.parent if local.is_file() else local)
+    elif model_dir is None:
+        model_dir = default_model_dir(recipe)
+    return recipe, args, write_model_dir(recipe, model_dir)
+
+
+def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
+               serve_args: dict[str, Any] | str | None = None, model_dir: str | None = None,
+               report: str | None = None) -> VllmRoundReport:
+    """One round in this process: the entry point of ``--driver vllm`` rounds
+    (``cachebake.drivers.command``'s in-process driver runs it inside the bake env).
+
+    ``model``: a recipe (``name[:variant]``), a model dir or a config.json.  Serve args: the
+    recipe's defaults, updated by ``serve_args`` (dict, JSON or ``vllm serve`` flags); ``tp``
+    overrides tensor_parallel_size when given.  ``model_dir``: the path the server will use
+    (default ``default_model_dir``).  ``report``: where to write the round's JSON report."""
+    recipe, args, mdir = prepare(model, tp, serve_args=serve_args, model_dir=model_dir)
+    result = warmup(engine_kwargs(mdir, args), recipe.hf_config, args)
+    if report:
+        _write_json(report, result.to_dict())
+    return result
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def child_main(spec_path: str, report_path: str) -> int:
+    """``run_round``'s child: runs inside the bake environment, writes the report."""
+    spec = json.loads(Path(spec_path).read_text())
+    result = warmup(spec["engine_kwargs"], spec["hf_config"], spec["serve_args"])
+    _write_json(report_path, result.to_dict())
     return 0
 
 
 __all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "default_model_dir",
            "engine_kwargs", "limits_from_serve_args", "parse_serve_args", "plan_requests",
-           "plan_summary", "run_round", "serve_args_to_flags", "serve_command",
+           "plan_summary", "run_round", "run_warmup", "serve_args_to_flags", "serve_command",
            "validate_serve_args", "write_model_dir"]
 
 if __name__ == "__main__":
