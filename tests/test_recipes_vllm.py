@@ -18,8 +18,8 @@ import pytest
 
 from cachebake.drivers.vllm_args import serve_args_to_flags
 from cachebake.drivers.vllm_engine import engine_kwargs, write_model_dir
-from cachebake.drivers.vllm_plan import limits_from_vllm_config, plan_requests
-from cachebake.recipes import list_recipes
+from cachebake.drivers.vllm_plan import default_capture_sizes, limits_from_vllm_config, plan_requests
+from cachebake.recipes import list_recipes, load_recipe
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -154,3 +154,75 @@ def test_a_round_boots_the_real_engine(tmp_path):
     assert report.startup_seconds > 0 and report.limits["source"] == "engine"
     assert [b.label for b in report.batches][0] == "single"
     assert all(b.output_tokens > 0 for b in report.batches)
+
+
+def _simulate(cfg, batches, vocab):
+    """Run batches through vLLM's real V1 scheduler (no model: every scheduled request that
+    finished its prompt samples one token).  Returns per batch the steps vLLM would run."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    bs = cfg.cache_config.block_size
+    # One attention group stands in for the model's layers: batching and chunking decisions
+    # depend on the token budget and max_num_seqs, not on the layer kinds.
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=16, dtype=torch.float32)
+    cfg.cache_config.num_gpu_blocks = 200_000
+    kvc = KVCacheConfig(num_blocks=200_000, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    sched = Scheduler(cfg, kvc, StructuredOutputManager(cfg), block_size=bs)
+    result = {}
+    for b_i, batch in enumerate(batches):
+        for i, ids in enumerate(batch.prompts(vocab)):
+            sp = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, detokenize=False)
+            sched.add_request(Request(f"{b_i}-{i}", ids, sp, None))
+        steps = []
+        while sched.has_unfinished_requests():
+            out = sched.schedule()
+            step = {"decode": 0, "prefill": 0, "init_state_prefill": 0,
+                    "tokens": out.total_num_scheduled_tokens}
+            ids_, sampled = list(out.num_scheduled_tokens), []
+            for rid in ids_:
+                req = sched.requests[rid]
+                start = req.num_computed_tokens - out.num_scheduled_tokens[rid]
+                if start >= req.num_prompt_tokens:
+                    step["decode"] += 1
+                else:
+                    step["prefill"] += 1
+                    step["init_state_prefill"] += start > 0  # a later chunk: HAS_INITSTATES
+                sampled.append([17] if req.num_computed_tokens >= req.num_prompt_tokens else [])
+            sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids_, req_id_to_index={k: i for i, k in enumerate(ids_)},
+                sampled_token_ids=sampled))
+            steps.append(step)
+        result[batch.label] = steps
+    return result
+
+
+@pytest.mark.parametrize("ref", ["nemotron-h:8b", "nemotron-h:nano-9b-v2"])
+def test_plan_does_what_it_says_in_vllms_scheduler(ref, tmp_path):
+    """The plan's claims, checked against vLLM's own scheduler with the recipe's serve args."""
+    recipe = load_recipe(ref)
+    # Prefix caching off here: a hit needs the model's block hasher; the batch shapes are the same.
+    cfg = _engine_config(recipe, tmp_path, enable_prefix_caching=False)
+    lim = limits_from_vllm_config(cfg, recipe.hf_config)
+    lim.capture_sizes = default_capture_sizes(lim.max_num_seqs)  # what a GPU would capture
+    plan = plan_requests(recipe, {**recipe.serve_args, "enable_prefix_caching": False}, lim)
+    steps = _simulate(cfg, plan, recipe.hf_config["vocab_size"])
+    for batch in plan:
+        s = steps[batch.label]
+        pure_decode = {x["decode"] for x in s if x["prefill"] == 0}
+        if batch.label.startswith("decode-"):
+            assert batch.num_requests in pure_decode, (batch.label, pure_decode)
+        if batch.label.startswith(("chunked-prefill", "split-prefill")):
+            assert sum(x["init_state_prefill"] for x in s) >= 1, batch.label
+        if batch.label == "chunked-prefill-3":
+            assert sum(x["init_state_prefill"] for x in s) >= 2
+    mixed = [x for x in steps["mixed"] if x["decode"] and x["prefill"]]
+    assert mixed and any(x["init_state_prefill"] for x in mixed)
+    assert max(x["tokens"] for x in mixed) > lim.largest_capture
+    assert 1 in {x["decode"] for x in steps["single"] if x["prefill"] == 0}

@@ -224,8 +224,10 @@ def plan_requests(recipe: Any, serve_args: dict[str, Any],
 
     # Mixed steps: short requests decoding while a long prompt is prefilled in chunks.
     n_dec = max(1, min(lim.max_num_seqs - 2, 33))
+    # The long prompt spans several steps where it can, so several steps are mixed.
     plan.append(RequestBatch("mixed", "decodes alongside a chunked prefill",
-                             [8] * n_dec + [fits(budget, 24), fits(budget // 2 + 5, 24)], 24, seed=8))
+                             [8] * n_dec + [fits(2 * budget + budget // 2, 24), fits(budget // 2 + 5, 24)],
+                             24, seed=8))
 
     k = lim.num_speculative_tokens
     if k:
