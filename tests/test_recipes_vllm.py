@@ -175,20 +175,32 @@ def _simulate(cfg, batches, vocab):
     kvc = KVCacheConfig(num_blocks=200_000, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     sched = Scheduler(cfg, kvc, StructuredOutputManager(cfg), block_size=bs)
-    result = {}
+    hasher = None
+    if cfg.cache_config.enable_prefix_caching:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        hash_fn = get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        hasher = get_request_block_hasher(bs, hash_fn)
+    result, cached = {}, {}
     for b_i, batch in enumerate(batches):
         for i, ids in enumerate(batch.prompts(vocab)):
             sp = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, detokenize=False)
-            sched.add_request(Request(f"{b_i}-{i}", ids, sp, None))
+            req = Request(f"{b_i}-{i}", ids, sp, None, block_hasher=hasher)
+            sched.add_request(req)
         steps = []
         while sched.has_unfinished_requests():
             out = sched.schedule()
             step = {"decode": 0, "prefill": 0, "init_state_prefill": 0,
                     "tokens": out.total_num_scheduled_tokens}
             ids_, sampled = list(out.num_scheduled_tokens), []
+            new = {n.req_id for n in out.scheduled_new_reqs}
             for rid in ids_:
                 req = sched.requests[rid]
                 start = req.num_computed_tokens - out.num_scheduled_tokens[rid]
+                if rid in new:  # first scheduled: what it starts from came from the prefix cache
+                    cached[batch.label] = cached.get(batch.label, 0) + start
                 if start >= req.num_prompt_tokens:
                     step["decode"] += 1
                 else:
@@ -200,19 +212,23 @@ def _simulate(cfg, batches, vocab):
                 sampled_token_ids=sampled))
             steps.append(step)
         result[batch.label] = steps
-    return result
+    return result, cached
 
 
-@pytest.mark.parametrize("ref", ["nemotron-h:8b", "nemotron-h:nano-9b-v2"])
-def test_plan_does_what_it_says_in_vllms_scheduler(ref, tmp_path):
+@pytest.mark.parametrize("ref,prefix", [("nemotron-h:8b", False), ("nemotron-h:nano-9b-v2", True)])
+def test_plan_does_what_it_says_in_vllms_scheduler(ref, prefix, tmp_path):
     """The plan's claims, checked against vLLM's own scheduler with the recipe's serve args."""
     recipe = load_recipe(ref)
-    # Prefix caching off here: a hit needs the model's block hasher; the batch shapes are the same.
-    cfg = _engine_config(recipe, tmp_path, enable_prefix_caching=False)
+    serve_args = {**recipe.serve_args, "enable_prefix_caching": prefix}
+    cfg = _engine_config(recipe, tmp_path, enable_prefix_caching=prefix)
     lim = limits_from_vllm_config(cfg, recipe.hf_config)
     lim.capture_sizes = default_capture_sizes(lim.max_num_seqs)  # what a GPU would capture
-    plan = plan_requests(recipe, {**recipe.serve_args, "enable_prefix_caching": False}, lim)
-    steps = _simulate(cfg, plan, recipe.hf_config["vocab_size"])
+    plan = plan_requests(recipe, serve_args, lim)
+    steps, cached = _simulate(cfg, plan, recipe.hf_config["vocab_size"])
+    if prefix:
+        assert cached["prefix-hit"] >= 2 * lim.block_size  # both requests hit the seeded prefix
+    else:
+        assert "prefix-hit" not in steps
     for batch in plan:
         s = steps[batch.label]
         pure_decode = {x["decode"] for x in s if x["prefill"] == 0}
