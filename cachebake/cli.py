@@ -1,0 +1,106 @@
+"""The ``cachebake`` command line: parse, call one function, render.  No logic lives here.
+
+Every refusal is a CachebakeError: one line on stderr, the exit code README documents.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from cachebake.errors import CachebakeError
+
+
+class CachebakeGroup(click.Group):
+    """Turns CachebakeError into its one-line message and exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except CachebakeError as e:
+            click.echo(f"cachebake: error: {e}", err=True)
+            ctx.exit(int(e.code))
+
+
+@click.group(cls=CachebakeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cachebake")
+def main():
+    """Bake Triton kernels and autotune results for a vLLM deployment at image-build time."""
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]),
+              help="What runs one warmup round (default: the command after --).")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--out", required=True, type=click.Path(), help="Artifact directory to write.")
+@click.option("--root", default=None, type=click.Path(),
+              help="Cache root to bake in; serve from the same path (default /var/cache/cachebake).")
+@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
+@click.option("--until-stable/--no-until-stable", default=True, show_default=True,
+              help="Fail (exit 10) if a round still compiles after --max-rounds.")
+@click.option("--max-rounds", type=int, default=4, show_default=True)
+@click.option("--work-dir", type=click.Path(), help="Where round logs and events go (default: a temp dir).")
+@click.option("--allow-env", is_flag=True,
+              help="Cache-invalidating variables are set on purpose: record them without warning.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_dir, allow_env,
+          as_json, cmd):
+    """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
+    from cachebake.build import build as run_build
+    from cachebake.drivers.command import make_driver
+    from cachebake.progress import RoundProgress
+    from cachebake.roles import DEFAULT_ROOT
+
+    drv = make_driver(driver, cmd, model=model, tp=tp)
+    report, packed = run_build(drv, out=out, root=root or DEFAULT_ROOT, target=target,
+                               max_rounds=max_rounds, until_stable=until_stable,
+                               allow_invalidating=allow_env, work_dir=work_dir,
+                               progress=RoundProgress(verb="bake"))
+    if as_json:
+        _emit_json({"bake": report.to_dict(), "pack": packed.to_dict()})
+        return
+    t = report.total
+    state = "stable" if report.stable else "NOT stable"
+    click.echo(f"baked {out}: {len(report.rounds)} rounds ({state}), {t.compiles} compiles "
+               f"({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
+               f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--cache", required=True, type=click.Path(),
+              help="An installed cache root (the --to DIR of install).")
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]))
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--work-dir", type=click.Path(), help="Where the round log and events go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verify report as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def verify(cache, model, driver, tp, work_dir, as_json, cmd):
+    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
+    from cachebake.drivers.command import make_driver
+    from cachebake.progress import RoundProgress
+    from cachebake.verify import verify as run_verify
+
+    drv = make_driver(driver, cmd, model=model, tp=tp)
+    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for line in report.lines():
+            click.echo(line)
+        if report.ok:
+            s = report.round.summary
+            click.echo(f"verified {report.cache}: 0 compiles, {s.cache_hits} cache hits")
+    report.check()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
