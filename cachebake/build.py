@@ -145,7 +145,7 @@ def run_until_stable(driver, benv: BakeEnv, *, max_rounds: int = DEFAULT_MAX_ROU
                 f"round {index}: {driver.describe().get('command_line') or driver.describe()} "
                 f"exited with {_exit_text(rnd.exit_code)} (output: {rnd.log})")
         if rnd.summary.seen == 0:
-            raise CommandFailed(_nothing_seen(index, rnd.log))
+            raise CommandFailed(no_activity_message(index, rnd.log))
         if rnd.summary.stable:
             report.stable = True
             break
@@ -161,7 +161,7 @@ def run_until_stable(driver, benv: BakeEnv, *, max_rounds: int = DEFAULT_MAX_ROU
     return report
 
 
-def _nothing_seen(index: int, log: str) -> str:
+def no_activity_message(index: int, log: str) -> str:
     return (f"round {index} ran, but the monitor saw no Triton compile or cache hit in any "
             f"process (output: {log}); the command must run Triton in Python processes that "
             "inherit the environment (PYTHONPATH, CACHEBAKE_MONITOR_LOG)")
@@ -177,8 +177,6 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
           work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None):
     """The whole of ``cachebake build``: rounds to the fixed point, then pack.  Returns
     (BuildReport, PackReport)."""
-    from cachebake.artifact.pack import CacheRoot, pack_artifact  # the artifact half
-
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
     work.mkdir(parents=True, exist_ok=True)
     kwargs = {"roles": tuple(roles)} if roles else {}
@@ -186,6 +184,8 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
                     allow_invalidating=allow_invalidating, **kwargs)
     report = run_until_stable(driver, benv, max_rounds=max_rounds, until_stable=until_stable,
                               work_dir=work, progress=progress)
+    from cachebake.artifact.pack import CacheRoot, pack_artifact  # the artifact half
+
     cache_roots = [CacheRoot(role, Path(d)) for role, d in benv.role_dirs().items()
                    if os.path.isdir(d) and any(os.scandir(d))]
     if not cache_roots:

@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake.build import RoundReport, _nothing_seen, run_round
+from cachebake.build import RoundReport, no_activity_message, run_round
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import WORK_KINDS, Event, read_events
 from cachebake.errors import BadInput, CommandFailed, CompilesSeen
@@ -85,6 +85,6 @@ def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | No
     if rnd.exit_code != 0:
         raise CommandFailed(f"verify round exited with code {rnd.exit_code} (output: {rnd.log})")
     if rnd.summary.seen == 0:
-        raise CommandFailed(_nothing_seen(1, rnd.log))
+        raise CommandFailed(no_activity_message(1, rnd.log))
     work_events = [e for e in read_events(events_path) if e.kind in WORK_KINDS]
     return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events)

@@ -47,3 +47,11 @@ def aot_compile(cache_dir, kernel=add_kernel, signature=None, constexprs=None,
         triton.knobs.cache.dir = os.fspath(cache_dir)
     src = ASTSource(kernel, signature, constexprs=constexprs, attrs={})
     return triton.compile(src, target=GPUTarget(*target), options=options)
+
+
+def compile_round(blocks=(128,), kernel="add_kernel"):
+    """One warmup round for an InProcessDriver: AOT-compile ``kernel`` at each BLOCK into
+    the current TRITON_CACHE_DIR."""
+    fn = {"add_kernel": add_kernel, "scale_kernel": scale_kernel}[kernel]
+    for block in blocks:
+        aot_compile(None, fn, constexprs={"BLOCK": block})

@@ -58,6 +58,10 @@ def activate(log_path: os.PathLike | str | None = None) -> bool:
     if not path:
         return False
     with _state.lock:
+        if _state.fd is not None and _state.log_path != os.path.abspath(path):
+            if _state.fd_pid == os.getpid():
+                os.close(_state.fd)
+            _state.fd = None
         _state.log_path = os.path.abspath(path)
         _state.step = os.environ.get(STEP_ENV) or None
         rnd = os.environ.get(ROUND_ENV)
@@ -67,6 +71,15 @@ def activate(log_path: os.PathLike | str | None = None) -> bool:
         _install_hooks()
         _state.installed = True
     return True
+
+
+def deactivate() -> None:
+    """Stop logging (the hooks stay installed but record nothing)."""
+    with _state.lock:
+        _state.log_path = None
+        if _state.fd is not None and _state.fd_pid == os.getpid():
+            os.close(_state.fd)
+        _state.fd = None
 
 
 @contextlib.contextmanager
