@@ -15,10 +15,11 @@ import os
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cachebake.capture.env import ROUND_ENV, BakeEnv, bake_env
+from cachebake.capture.env import ROUND_ENV, BakeEnv, InvalidatingEnvWarning, bake_env
 from cachebake.capture.events import Event, EventSummary, EventTail, read_events
 from cachebake.errors import BadInput, CommandFailed, NotStable
 from cachebake.progress import RoundProgress
@@ -83,7 +84,8 @@ class BuildReport:
 
 def _event_record(e: Event) -> dict:
     d = {k: v for k, v in asdict(e).items() if v not in (None, {}, [])}
-    d.pop("time", None)  # keeps the bake section free of wall-clock noise
+    d.pop("time", None)  # wall-clock and process ids are noise in a manifest
+    d.pop("pid", None)
     return d
 
 
@@ -174,14 +176,23 @@ def _exit_text(code: int) -> str:
 def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None,
           target: str | None = None, max_rounds: int = DEFAULT_MAX_ROUNDS,
           until_stable: bool = True, allow_invalidating: bool = False,
-          work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None):
+          work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
+          **pack_options):
     """The whole of ``cachebake build``: rounds to the fixed point, then pack.  Returns
-    (BuildReport, PackReport)."""
+    (BuildReport, PackReport).  ``pack_options`` (layer_root, prune_ir) go to pack_artifact
+    when set."""
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
     work.mkdir(parents=True, exist_ok=True)
     kwargs = {"roles": tuple(roles)} if roles else {}
-    benv = bake_env(root, monitor_log=work / "events.jsonl",
-                    allow_invalidating=allow_invalidating, **kwargs)
+    with warnings.catch_warnings():  # shown once, below, as a plain line
+        warnings.simplefilter("ignore", InvalidatingEnvWarning)
+        benv = bake_env(root, monitor_log=work / "events.jsonl",
+                        allow_invalidating=allow_invalidating, **kwargs)
+    for note in benv.warnings:
+        if progress is not None:
+            progress.console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
+        else:
+            warnings.warn(note, InvalidatingEnvWarning, stacklevel=2)
     report = run_until_stable(driver, benv, max_rounds=max_rounds, until_stable=until_stable,
                               work_dir=work, progress=progress)
     from cachebake.artifact.pack import CacheRoot, pack_artifact  # the artifact half
@@ -191,5 +202,6 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
     if not cache_roots:
         raise CommandFailed(f"the warmup left every cache under {benv.root} empty: "
                             "nothing to bake (does it use Triton at all?)")
-    packed = pack_artifact(cache_roots, Path(out), target=target, bake=report.to_dict())
+    options = {k: v for k, v in pack_options.items() if v not in (None, False)}
+    packed = pack_artifact(cache_roots, Path(out), target=target, bake=report.to_dict(), **options)
     return report, packed

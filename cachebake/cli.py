@@ -49,10 +49,12 @@ def _emit_json(obj) -> None:
 @click.option("--work-dir", type=click.Path(), help="Where round logs and events go (default: a temp dir).")
 @click.option("--allow-env", is_flag=True,
               help="Cache-invalidating variables are set on purpose: record them without warning.")
+@click.option("--layer-root", help="Absolute path the server mounts the cache at (pack's default if unset).")
+@click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_dir, allow_env,
-          as_json, cmd):
+          layer_root, prune_ir, as_json, cmd):
     """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
     from cachebake.build import build as run_build
     from cachebake.drivers.command import make_driver
@@ -63,7 +65,8 @@ def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_d
     report, packed = run_build(drv, out=out, root=root or DEFAULT_ROOT, target=target,
                                max_rounds=max_rounds, until_stable=until_stable,
                                allow_invalidating=allow_env, work_dir=work_dir,
-                               progress=RoundProgress(verb="bake"))
+                               progress=RoundProgress(verb="bake"), layer_root=layer_root,
+                               prune_ir=prune_ir)
     if as_json:
         _emit_json({"bake": report.to_dict(), "pack": packed.to_dict()})
         return

@@ -53,7 +53,7 @@ class RoundProgress:
             f"{self.verb} round {rnd.index}: {state} -- {s.compiles} compiles "
             f"({s.compile_seconds:.1f} s), {s.cache_hits} hits, {s.autotunes} autotunes "
             f"({s.autotune_seconds:.1f} s), {s.helper_builds} helper builds, "
-            f"{rnd.seconds:.1f} s", highlight=False)
+            f"{rnd.seconds:.1f} s", highlight=False, soft_wrap=True)
 
     def _text(self) -> str:
         c = self.counts

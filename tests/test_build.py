@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from cachebake.build import run_until_stable
 from cachebake.capture.env import bake_env
 from cachebake.cli import main
-from cachebake.drivers.command import CommandDriver, InProcessDriver, make_driver
-from cachebake.errors import BadInput, CommandFailed, ExitCode, NotStable
+from cachebake.drivers.command import DRIVER_FUNCTIONS, CommandDriver, InProcessDriver, make_driver
+from cachebake.errors import BadInput, CommandFailed, ExitCode, NotStable, Unsupported
 
 TESTS = Path(__file__).resolve().parent
 
@@ -119,12 +119,17 @@ def test_in_process_driver_runs_a_function_per_round(tmp_path):
     assert report.to_dict()["function"] == "aot:compile_round"
 
 
-def test_make_driver():
+def test_make_driver(monkeypatch):
     assert make_driver(None, ["echo", "hi"]).round_argv() == ["echo", "hi"]
+    monkeypatch.setitem(DRIVER_FUNCTIONS, "kernels", "aot:compile_round")
     kernels = make_driver("kernels", None, model="nemotron-h", tp=2)
-    assert kernels.function == "cachebake.drivers.kernels:run_sweep"
+    assert kernels.function == "aot:compile_round"
     assert kernels.kwargs == {"model": "nemotron-h", "tp": 2}
-    assert kernels.round_argv()[1:3] == ["-m", "cachebake.drivers.command"]
+    assert kernels.round_argv()[1:] == ["-m", "cachebake.drivers.command", "aot:compile_round",
+                                        '{"model": "nemotron-h", "tp": 2}']
+    monkeypatch.setitem(DRIVER_FUNCTIONS, "kernels", "cachebake.drivers.no_such_driver:run")
+    with pytest.raises(Unsupported, match="not available"):
+        make_driver("kernels", None, model="m")
     for bad in [dict(driver=None, cmd=None), dict(driver="kernels", cmd=None),
                 dict(driver="kernels", cmd=["x"]), dict(driver="nope", cmd=None, model="m")]:
         with pytest.raises(BadInput):

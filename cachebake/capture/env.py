@@ -64,7 +64,9 @@ class BakeEnv:
         return {
             "root": self.root,
             "roles": list(self.roles),
-            "pinned": {k: v for k, v in sorted(self.pinned.items()) if k != "PYTHONPATH"},
+            # the monitor's plumbing is build-host detail, not part of what the server needs
+            "pinned": {k: v for k, v in sorted(self.pinned.items())
+                       if k not in ("PYTHONPATH", MONITOR_LOG_ENV)},
             "invalidating_env_vars": dict(sorted(self.invalidating.items())),
         }
 

@@ -14,6 +14,7 @@ one round against an installed cache.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import shlex
 import sys
@@ -67,7 +68,13 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         raise BadInput(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
     if not model:
         raise BadInput(f"--driver {driver} needs --model")
-    return InProcessDriver(driver, DRIVER_FUNCTIONS[driver], {"model": model, "tp": tp})
+    function = DRIVER_FUNCTIONS[driver]
+    # Refuse before a round starts (find_spec imports the parent package only, not the driver:
+    # the driver's heavy imports belong in the round's own process).
+    if importlib.util.find_spec(function.partition(":")[0]) is None:
+        raise Unsupported(f"--driver {driver}: {function.partition(':')[0]} is not available "
+                          "in this cachebake")
+    return InProcessDriver(driver, function, {"model": model, "tp": tp})
 
 
 def _run_function(target: str, kwargs: dict) -> None:
