@@ -196,3 +196,24 @@ def test_read_events_skips_a_torn_line(tmp_path):
     path.write_text('{"kind": "compile", "kernel": "a"}\n{"kind": "comp')
     assert [e.kernel for e in read_events(path)] == ["a"]
     assert read_events(tmp_path / "missing.jsonl") == []
+
+
+def test_a_configured_cache_manager_is_wrapped_not_replaced(tmp_path):
+    (tmp_path / "mymanager.py").write_text(
+        "from triton.runtime.cache import FileCacheManager\n"
+        "class Manager(FileCacheManager):\n"
+        "    def put(self, data, filename, binary=True):\n"
+        "        open(__file__ + '.puts', 'a').write(filename + '\\n')\n"
+        "        return super().put(data, filename, binary)\n")
+    benv = bake_env(tmp_path / "root", ("triton",), monitor_log=tmp_path / "ev.jsonl",
+                    base_env={**os.environ, "PYTHONPATH": str(tmp_path),
+                              "TRITON_CACHE_MANAGER": "mymanager:Manager"})
+    code = CHILD_COMPILE + (
+        "from triton.runtime.cache import get_cache_manager\n"
+        "get_cache_manager('cd' * 32).put(b'x', 'cuda_utils.so')\n")
+    r = _child(code, benv.env)
+    assert r.returncode == 0, r.stderr
+    puts = (tmp_path / "mymanager.py.puts").read_text().split()
+    assert "add_kernel.cubin" in puts and "cuda_utils.so" in puts
+    kinds = [e.kind for e in read_events(tmp_path / "ev.jsonl")]
+    assert kinds == ["compile", "compile", "helper_build"]

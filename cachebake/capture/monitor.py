@@ -117,6 +117,18 @@ def emit(event: Event) -> None:
 # -- the three taps ----------------------------------------------------------------------------
 
 def _install_hooks() -> None:
+    """Install the three taps; one that this Triton does not support is reported, not fatal
+    (the others still count)."""
+    for name, install in (("listener", _install_listener), ("cache manager", _install_manager),
+                          ("autotuner", _wrap_autotuner)):
+        try:
+            install()
+        except Exception as e:
+            print(f"cachebake monitor: the {name} tap is off in pid {os.getpid()}: {e!r}",
+                  file=sys.stderr)
+
+
+def _install_listener() -> None:
     from triton import knobs
 
     previous = knobs.compilation.listener
@@ -135,14 +147,16 @@ def _install_hooks() -> None:
     listener._cachebake = True
     knobs.compilation.listener = listener
 
-    if knobs.cache.manager_class is None:
-        knobs.cache.manager_class = _manager_class()
-    else:
-        # Someone chose their own manager (e.g. a layered runtime one): keep it.  Compiles and
-        # autotunes are still seen; only helper builds go uncounted.
-        print("cachebake monitor: TRITON_CACHE_MANAGER is set; helper builds are not counted",
-              file=sys.stderr)
-    _wrap_autotuner()
+
+def _install_manager() -> None:
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager
+
+    # Wrap whichever manager is configured (TRITON_CACHE_MANAGER, e.g. a layered runtime one)
+    # rather than replace it: the monitor must not change where the cache lives.
+    base = knobs.cache.manager_class or FileCacheManager
+    if not getattr(base, "_cachebake", False):
+        knobs.cache.manager_class = _monitored_manager(base)
 
 
 def _compile_event(src, metadata, metadata_group, times, cache_hit) -> Event:
@@ -181,23 +195,16 @@ def _compile_event(src, metadata, metadata_group, times, cache_hit) -> Event:
     )
 
 
-_MANAGER_CLASS = None
-
-
-def _manager_class():
-    """Built lazily: subclassing FileCacheManager needs triton, which importing this module
-    must not (the vLLM plugin imports it in every process)."""
-    global _MANAGER_CLASS
-    if _MANAGER_CLASS is not None:
-        return _MANAGER_CLASS
+def _monitored_manager(base):
+    """A subclass of ``base`` (a CacheManager) whose ``put`` reports helper builds and notes
+    where autotune results go.  Built lazily: subclassing needs triton, which importing this
+    module must not (the vLLM plugin imports it in every process)."""
     import sysconfig
-
-    from triton.runtime.cache import FileCacheManager
 
     so_suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
-    class MonitoredCacheManager(FileCacheManager):
-        """A FileCacheManager that reports helper builds and where autotune results go."""
+    class MonitoredCacheManager(base):
+        _cachebake = True
 
         def __init__(self, key, override=False, dump=False):
             super().__init__(key, override=override, dump=dump)
@@ -207,17 +214,24 @@ def _manager_class():
         def put(self, data, filename, binary=True) -> str:
             path = super().put(data, filename, binary=binary)
             if self._watched:
-                if filename.endswith(".autotune.json"):
-                    _state.local.autotune_put = (self.key, filename)
-                elif filename.endswith(so_suffix) or filename.endswith(".so"):
-                    name = filename[: -len(so_suffix)] if filename.endswith(so_suffix) else filename
-                    emit(Event(kind="helper_build", kernel=name, key=self.key,
-                               seconds=round(time.monotonic() - self._created, 4),
-                               detail={"file": filename}))
+                try:
+                    self._note_put(filename)
+                except Exception as e:  # never fail the write itself
+                    print(f"cachebake monitor: could not record a put: {e!r}", file=sys.stderr)
             return path
 
-    _MANAGER_CLASS = MonitoredCacheManager
-    return _MANAGER_CLASS
+        def _note_put(self, filename: str) -> None:
+            key = getattr(self, "key", "")
+            if filename.endswith(".autotune.json"):
+                _state.local.autotune_put = (key, filename)
+            elif filename.endswith(so_suffix) or filename.endswith(".so"):
+                name = filename[: -len(so_suffix)] if filename.endswith(so_suffix) else filename
+                emit(Event(kind="helper_build", kernel=name, key=key,
+                           seconds=round(time.monotonic() - self._created, 4),
+                           detail={"file": filename}))
+
+    MonitoredCacheManager.__name__ = f"Monitored{base.__name__}"
+    return MonitoredCacheManager
 
 
 def _wrap_autotuner() -> None:
