@@ -160,5 +160,12 @@ def test_cli_build_packs_the_bake(tmp_path):
                                        *warmup_cmd(tmp_path, 0)])
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "cachebake.json").read_text())
-    text = json.dumps(manifest)
-    assert '"compile_seconds_moved"' in text and "add_kernel" in text
+    (entry,) = manifest["bakes"].values()
+    bake = entry["bake"]
+    assert bake["driver"] == "command" and bake["stable"] is True and bake["rounds"] == 2
+    assert [r["compiles"] for r in bake["per_round"]] == [2, 0]
+    assert bake["kernels"] == {"add_kernel": 1, "scale_kernel": 1}
+    assert bake["compile_seconds_moved"] > 0
+    assert [e["kernel"] for e in bake["events"]] == ["add_kernel", "scale_kernel"]
+    assert "CACHEBAKE_MONITOR_LOG" not in bake["env"]["pinned"]
+    assert (tmp_path / "work/events.jsonl").is_file()

@@ -163,17 +163,32 @@ def test_sitecustomize_is_inert_without_the_variable(tmp_path):
     del env["CACHEBAKE_MONITOR_LOG"]
     r = _child("import sys; print('cachebake' in sys.modules, 'triton' in sys.modules)", env)
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stderr
+    # and with it set, a process that never uses Triton does not pay for importing it
+    r = _child("import sys; print('cachebake' in sys.modules, 'triton' in sys.modules)",
+               benv.env)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "False"], r.stderr
 
 
 def test_vllm_plugin_is_cheap_when_off_and_activates_when_on(tmp_path):
     code = ("import sys; from cachebake.runtime.vllm_plugin import register; register(); "
             "from cachebake.capture import monitor; "
-            "print('triton' in sys.modules, monitor.is_active())")
+            "print('triton' in sys.modules, monitor.is_active())\n"
+            "import triton\n"
+            "print(getattr(triton.knobs.compilation.listener, '_cachebake', False))")
     base = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
     off = _child(code, base)
-    assert off.stdout.split() == ["False", "False"], off.stderr
+    assert off.stdout.split() == ["False", "False", "False"], off.stderr
     on = _child(code, {**base, "CACHEBAKE_MONITOR_LOG": str(tmp_path / "ev.jsonl")})
-    assert on.stdout.split() == ["True", "True"], on.stderr
+    # armed without importing Triton; the taps go in when the program imports it
+    assert on.stdout.split() == ["False", "True", "True"], on.stderr
+
+
+def test_taps_go_in_when_triton_was_imported_first(tmp_path):
+    code = ("import triton\nfrom cachebake.capture import monitor\n"
+            f"monitor.activate({str(tmp_path / 'ev.jsonl')!r})\n"
+            "print(getattr(triton.knobs.compilation.listener, '_cachebake', False))")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    assert _child(code, env).stdout.split() == ["True"]
 
 
 def test_many_processes_append_whole_lines(tmp_path):

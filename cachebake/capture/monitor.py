@@ -48,6 +48,7 @@ _state = _State()
 
 
 def is_active() -> bool:
+    """Whether this process is monitored (the taps go in when Triton is imported)."""
     return _state.installed
 
 
@@ -68,9 +69,37 @@ def activate(log_path: os.PathLike | str | None = None) -> bool:
         _state.round = int(rnd) if rnd and rnd.isdigit() else None
         if _state.installed:
             return True
-        _install_hooks()
         _state.installed = True
+    if "triton" in sys.modules:
+        _install_hooks()
+    else:
+        # Most processes of a bake never touch Triton (shells, pip, tokenizers): arm a one-shot
+        # import hook instead of importing Triton into every one of them.
+        sys.meta_path.insert(0, _TritonImportHook())
     return True
+
+
+class _TritonImportHook:
+    """Installs the taps right after ``import triton`` finishes, then removes itself."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "triton":
+            return None
+        import importlib.util
+
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("triton")  # the finders after us, as if we were absent
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            _install_hooks()
+
+        spec.loader.exec_module = exec_then_install  # this loader instance serves triton only
+        return spec
 
 
 def deactivate() -> None:
