@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cachebake.capture.env import ROUND_ENV, BakeEnv, InvalidatingEnvWarning, bake_env
-from cachebake.capture.events import Event, EventSummary, EventTail, read_events
+from cachebake.capture.events import WORK_KINDS, Event, EventSummary, EventTail, read_events
 from cachebake.errors import BadInput, CommandFailed, NotStable
 from cachebake.progress import RoundProgress
 
@@ -143,24 +143,38 @@ def run_until_stable(driver, benv: BakeEnv, *, max_rounds: int = DEFAULT_MAX_ROU
         if progress is not None:
             progress.end_round(rnd)
         if rnd.exit_code != 0:
-            raise CommandFailed(
-                f"round {index}: {driver.describe().get('command_line') or driver.describe()} "
-                f"exited with {_exit_text(rnd.exit_code)} (output: {rnd.log})")
+            raise _with_report(CommandFailed, report,
+                               f"round {index}: {driver.label()} exited with "
+                               f"{_exit_text(rnd.exit_code)} (output: {rnd.log})")
         if rnd.summary.seen == 0:
-            raise CommandFailed(no_activity_message(index, rnd.log))
+            raise _with_report(CommandFailed, report, no_activity_message(index, rnd.log))
         if rnd.summary.stable:
             report.stable = True
             break
-    report.work_events = [e for e in read_events(events_path)
-                          if e.kind in ("compile", "autotune", "helper_build")]
+    report.work_events = work_events(events_path)
     if not report.stable and until_stable:
         last = report.rounds[-1].summary
-        raise NotStable(
+        raise _with_report(
+            NotStable,
+            report,
             f"still compiling after {max_rounds} rounds (last round: {last.compiles} compiles, "
             f"{last.autotunes} autotune benchmarks, {last.helper_builds} helper builds: "
             f"{', '.join(last.kernels[:5]) or '-'}); the warmup is not deterministic -- "
             "raise --max-rounds or pass --no-until-stable to pack an incomplete bake")
     return report
+
+
+def _with_report(error_class, report: BuildReport, message: str):
+    """The error, carrying the report so far (callers may still want the rounds)."""
+    report.work_events = work_events(report.events_path)
+    err = error_class(message)
+    err.report = report
+    return err
+
+
+def work_events(events_path: os.PathLike | str) -> list[Event]:
+    """The compiles, autotune benchmarks and helper builds in a log."""
+    return [e for e in read_events(events_path) if e.kind in WORK_KINDS]
 
 
 def no_activity_message(index: int, log: str) -> str:

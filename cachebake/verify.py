@@ -15,9 +15,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake.build import RoundReport, no_activity_message, run_round
+from cachebake.build import RoundReport, no_activity_message, run_round, work_events
 from cachebake.capture.env import ALL_ROLES, bake_env
-from cachebake.capture.events import WORK_KINDS, Event, read_events
+from cachebake.capture.events import Event
 from cachebake.errors import BadInput, CommandFailed, CompilesSeen
 from cachebake.progress import RoundProgress
 
@@ -28,6 +28,7 @@ class VerifyReport:
     roles: list[str]
     round: RoundReport
     work: list[Event] = field(default_factory=list)  # every compile / autotune / helper build
+    invalidating: dict[str, str] = field(default_factory=dict)  # set here; must match the bake
 
     @property
     def ok(self) -> bool:
@@ -40,6 +41,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {"cache": self.cache, "roles": self.roles, "ok": self.ok,
+                "invalidating_env_vars": self.invalidating,
                 **self.round.to_dict(),
                 "work": [{k: v for k, v in vars(e).items() if v not in (None, {}, [])}
                          for e in self.work]}
@@ -51,7 +53,9 @@ class VerifyReport:
             raise CompilesSeen(
                 f"the cache at {self.cache} is incomplete: {s.compiles} real compiles, "
                 f"{s.autotunes} autotune benchmarks, {s.helper_builds} helper builds "
-                f"({', '.join(s.kernels[:5]) or 'helpers'})")
+                f"({', '.join(s.kernels[:5]) or 'helpers'})"
+                + (f"; note: {', '.join(sorted(self.invalidating))} set here enter every key"
+                   if self.invalidating else ""))
 
 
 def installed_roles(cache: os.PathLike | str) -> list[str]:
@@ -83,8 +87,9 @@ def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | No
     if progress is not None:
         progress.end_round(rnd)
     if rnd.exit_code != 0:
-        raise CommandFailed(f"verify round exited with code {rnd.exit_code} (output: {rnd.log})")
+        raise CommandFailed(f"verify: {driver.label()} exited with code {rnd.exit_code} "
+                            f"(output: {rnd.log})")
     if rnd.summary.seen == 0:
         raise CommandFailed(no_activity_message(1, rnd.log))
-    work_events = [e for e in read_events(events_path) if e.kind in WORK_KINDS]
-    return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events)
+    return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
+                        invalidating=benv.invalidating)

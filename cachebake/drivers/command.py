@@ -32,13 +32,19 @@ DRIVER_FUNCTIONS: dict[str, str] = {
 @dataclass
 class CommandDriver:
     argv: list[str]
+    model: str | None = None  # recorded only: which model the command serves
 
     def round_argv(self) -> list[str]:
         return list(self.argv)
 
+    def label(self) -> str:
+        return shlex.join(self.argv)
+
     def describe(self) -> dict:
-        return {"driver": "command", "command": list(self.argv),
-                "command_line": shlex.join(self.argv)}
+        d = {"driver": "command", "command": list(self.argv), "command_line": shlex.join(self.argv)}
+        if self.model:
+            d["model"] = self.model
+        return d
 
 
 @dataclass
@@ -51,6 +57,9 @@ class InProcessDriver:
         return [sys.executable, "-m", "cachebake.drivers.command", self.function,
                 json.dumps(self.kwargs, sort_keys=True)]
 
+    def label(self) -> str:
+        return f"driver {self.name} ({self.function}, {json.dumps(self.kwargs, sort_keys=True)})"
+
     def describe(self) -> dict:
         return {"driver": self.name, "function": self.function, **self.kwargs}
 
@@ -61,7 +70,7 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     if cmd:
         if driver not in (None, "command"):
             raise BadInput(f"give either --driver {driver} or -- CMD, not both")
-        return CommandDriver(list(cmd))
+        return CommandDriver(list(cmd), model=model)
     if driver in (None, "command"):
         raise BadInput("nothing to run: give -- CMD... or --driver kernels|vllm --model MODEL")
     if driver not in DRIVER_FUNCTIONS:
