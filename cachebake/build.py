@@ -142,6 +142,8 @@ def run_until_stable(driver, benv: BakeEnv, *, max_rounds: int = DEFAULT_MAX_ROU
         report.rounds.append(rnd)
         if progress is not None:
             progress.end_round(rnd)
+            if rnd.exit_code != 0:
+                progress.show_tail(rnd.log)
         if rnd.exit_code != 0:
             raise _with_report(CommandFailed, report,
                                f"round {index}: {driver.label()} exited with "

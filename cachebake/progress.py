@@ -55,6 +55,20 @@ class RoundProgress:
             f"({s.autotune_seconds:.1f} s), {s.helper_builds} helper builds, "
             f"{rnd.seconds:.1f} s", highlight=False, soft_wrap=True)
 
+    def show_tail(self, log_path: str, lines: int = 20) -> None:
+        """The end of a failed round's output, so the cause is on screen, not only in a file."""
+        try:
+            with open(log_path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 16384))
+                tail = f.read().decode(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return
+        if tail:
+            self.console.print(f"[dim]--- last lines of {log_path} ---[/]", highlight=False)
+            for line in tail:
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     def _text(self) -> str:
         c = self.counts
         text = (f"{self.verb} round {self.round}/{self.of}: {c['compile']} compiles, "

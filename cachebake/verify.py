@@ -86,6 +86,8 @@ def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | No
     rnd = run_round(driver, benv.env, str(events_path), 1, str(work), progress)
     if progress is not None:
         progress.end_round(rnd)
+        if rnd.exit_code != 0:
+            progress.show_tail(rnd.log)
     if rnd.exit_code != 0:
         raise CommandFailed(f"verify: {driver.label()} exited with code {rnd.exit_code} "
                             f"(output: {rnd.log})")

@@ -143,6 +143,12 @@ def test_cli_build_failing_command_exit_code(tmp_path):
     assert result.exit_code == ExitCode.COMMAND_FAILED, result.output
     assert "cachebake: error: round 1:" in result.output
 
+    shown = CliRunner().invoke(main, ["build", "--out", str(tmp_path / "art"), "--root",
+                                      str(tmp_path / "root"), "--", sys.executable, "-c",
+                                      "import sys; print('no weights here', file=sys.stderr); "
+                                      "raise SystemExit(4)"])
+    assert "no weights here" in shown.stderr  # the failed round's output is on screen
+
 
 def test_cli_build_not_stable_exit_code(tmp_path):
     result = CliRunner().invoke(main, ["build", "--out", str(tmp_path / "art"), "--root",

@@ -232,3 +232,16 @@ def test_a_configured_cache_manager_is_wrapped_not_replaced(tmp_path):
     assert "add_kernel.cubin" in puts and "cuda_utils.so" in puts
     kinds = [e.kind for e in read_events(tmp_path / "ev.jsonl")]
     assert kinds == ["compile", "compile", "helper_build"]
+
+
+def test_sitecustomize_chains_to_the_one_it_shadows(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['MARKER'], 'w').write('ran')\n")
+    benv = bake_env(tmp_path / "root", ("triton",), monitor_log=tmp_path / "ev.jsonl",
+                    base_env={**os.environ, "PYTHONPATH": str(other)})
+    env = {**benv.env, "MARKER": str(tmp_path / "marker")}
+    r = _child("from cachebake.capture import monitor; print(monitor.is_active())", env)
+    assert r.returncode == 0 and r.stdout.split() == ["True"], r.stderr
+    assert (tmp_path / "marker").read_text() == "ran"
