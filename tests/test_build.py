@@ -175,3 +175,25 @@ def test_cli_build_packs_the_bake(tmp_path):
     assert [e["kernel"] for e in bake["events"]] == ["add_kernel", "scale_kernel"]
     assert "CACHEBAKE_MONITOR_LOG" not in bake["env"]["pinned"]
     assert (tmp_path / "work/events.jsonl").is_file()
+
+
+def test_cli_build_with_a_driver_function(tmp_path, monkeypatch):
+    """--driver NAME runs NAME's run function once per round, in a fresh process."""
+    (tmp_path / "fake_driver.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport aot\n"
+        "from cachebake.capture import monitor\n"
+        "def run_sweep(model, tp=1):\n"
+        "    with monitor.step(f'{model} tp{tp}'):\n"
+        "        aot.compile_round(blocks=(32, 64))\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for the rounds
+    monkeypatch.syspath_prepend(str(tmp_path))  # for the availability check here
+    monkeypatch.setitem(DRIVER_FUNCTIONS, "kernels", "fake_driver:run_sweep")
+    out = tmp_path / "art"
+    result = CliRunner().invoke(main, ["build", "--driver", "kernels", "--model", "tiny",
+                                       "--tp", "2", "--out", str(out), "--root",
+                                       str(tmp_path / "root"), "--target", "sm_90", "--json"])
+    assert result.exit_code == 0, result.output
+    bake = json.loads(result.stdout)["bake"]
+    assert bake["driver"] == "kernels" and bake["model"] == "tiny" and bake["tp"] == 2
+    assert [r["compiles"] for r in bake["per_round"]] == [2, 0]
+    assert {e["step"] for e in bake["events"]} == {"tiny tp2"}
