@@ -19,6 +19,18 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 
+@pytest.fixture(autouse=True)
+def _no_cache_dir_leak():
+    """aot_compile points Triton's cache knob (and so os.environ) at a tmp dir: undo that."""
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    yield
+    triton.knobs.cache.__dict__.pop("dir", None)
+    if saved is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = saved
+
+
 @pytest.fixture
 def log(tmp_path):
     path = tmp_path / "events.jsonl"
