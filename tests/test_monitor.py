@@ -257,3 +257,36 @@ def test_sitecustomize_chains_to_the_one_it_shadows(tmp_path):
     r = _child("from cachebake.capture import monitor; print(monitor.is_active())", env)
     assert r.returncode == 0 and r.stdout.split() == ["True"], r.stderr
     assert (tmp_path / "marker").read_text() == "ran"
+
+
+def test_event_tail_returns_only_whole_new_lines(tmp_path):
+    from cachebake.capture.events import EventTail
+
+    path = tmp_path / "ev.jsonl"
+    tail = EventTail(path)
+    assert tail.new_events() == []  # no log yet
+    path.write_text('{"kind": "compile", "kernel": "a"}\n{"kind": "cache_hit", "ker')
+    assert [e.kernel for e in tail.new_events()] == ["a"]
+    with open(path, "a") as f:
+        f.write('nel": "b"}\n')
+    assert [e.kernel for e in tail.new_events()] == ["b"]
+    assert tail.new_events() == []
+
+
+def test_progress_prints_round_summaries_off_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from cachebake.build import RoundReport
+    from cachebake.capture.events import Event
+    from cachebake.progress import RoundProgress
+
+    out = io.StringIO()
+    progress = RoundProgress(Console(file=out, force_terminal=False, width=200), verb="bake")
+    progress.start_round(1, 4)
+    progress.update([Event(kind="compile", kernel="k", seconds=2.0)])
+    events = [Event(kind="compile", kernel="k", seconds=2.0), Event(kind="cache_hit", kernel="j")]
+    progress.end_round(RoundReport(1, 0, 3.0, EventSummary.of(events), str(tmp_path / "log")))
+    assert out.getvalue().strip() == ("bake round 1: compiled -- 1 compiles (2.0 s), 1 hits, "
+                                      "0 autotunes (0.0 s), 0 helper builds, 3.0 s")
