@@ -290,3 +290,17 @@ def test_progress_prints_round_summaries_off_a_terminal(tmp_path):
     progress.end_round(RoundReport(1, 0, 3.0, EventSummary.of(events), str(tmp_path / "log")))
     assert out.getvalue().strip() == ("bake round 1: compiled -- 1 compiles (2.0 s), 1 hits, "
                                       "0 autotunes (0.0 s), 0 helper builds, 3.0 s")
+
+
+def test_step_set_through_the_environment_is_seen(log, tmp_path, monkeypatch):
+    # the kernels driver labels its cases by setting CACHEBAKE_STEP directly
+    monkeypatch.setenv("CACHEBAKE_STEP", "decode bs=17")
+    aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 32})
+    monkeypatch.delenv("CACHEBAKE_STEP")
+    with monitor.step("outer"):
+        with monitor.step("inner"):
+            aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 16})
+        aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 16})
+    aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 16})
+    assert [e.step for e in read_events(log)] == ["decode bs=17", "inner", "outer", None]
+    assert "CACHEBAKE_STEP" not in os.environ

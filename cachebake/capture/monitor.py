@@ -37,7 +37,6 @@ class _State:
         self.log_path: str | None = None
         self.fd: int | None = None
         self.fd_pid: int | None = None
-        self.step: str | None = None
         self.round: int | None = None
         self.installed = False
         self.lock = threading.Lock()
@@ -64,7 +63,6 @@ def activate(log_path: os.PathLike | str | None = None) -> bool:
                 os.close(_state.fd)
             _state.fd = None
         _state.log_path = os.path.abspath(path)
-        _state.step = os.environ.get(STEP_ENV) or None
         rnd = os.environ.get(ROUND_ENV)
         _state.round = int(rnd) if rnd and rnd.isdigit() else None
         if _state.installed:
@@ -114,17 +112,15 @@ def deactivate() -> None:
 @contextlib.contextmanager
 def step(label: str) -> Iterator[None]:
     """Label the events inside (and in children started inside) with a sweep step."""
-    prev, prev_env = _state.step, os.environ.get(STEP_ENV)
-    _state.step = label
+    prev = os.environ.get(STEP_ENV)
     os.environ[STEP_ENV] = label
     try:
         yield
     finally:
-        _state.step = prev
-        if prev_env is None:
+        if prev is None:
             os.environ.pop(STEP_ENV, None)
         else:
-            os.environ[STEP_ENV] = prev_env
+            os.environ[STEP_ENV] = prev
 
 
 def emit(event: Event) -> None:
@@ -132,7 +128,9 @@ def emit(event: Event) -> None:
     if _state.log_path is None:
         return
     event.pid = os.getpid()
-    event.step = event.step if event.step is not None else _state.step
+    # The step lives in the environment only, so a driver may also set CACHEBAKE_STEP itself
+    # and child processes started inside a step inherit it.
+    event.step = event.step if event.step is not None else (os.environ.get(STEP_ENV) or None)
     event.round = event.round if event.round is not None else _state.round
     event.time = round(time.time(), 3)
     line = (event.to_json() + "\n").encode()
