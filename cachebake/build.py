@@ -196,7 +196,7 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
           **pack_options):
     """The whole of ``cachebake build``: rounds to the fixed point, then pack.  Returns
     (BuildReport, PackReport).  ``pack_options`` (layer_root, prune_ir) go to pack_artifact
-    when set."""
+    when set; layer_root defaults to the bake root."""
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
     work.mkdir(parents=True, exist_ok=True)
     kwargs = {"roles": tuple(roles)} if roles else {}
@@ -219,5 +219,8 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
         raise CommandFailed(f"the warmup left every cache under {benv.root} empty: "
                             "nothing to bake (does it use Triton at all?)")
     options = {k: v for k, v in pack_options.items() if v not in (None, False)}
+    # Group files are written for the root the cache was baked at: an image mounted there (or
+    # a server started with the same pinned env) hits without rewriting anything.
+    options.setdefault("layer_root", str(benv.root))
     packed = pack_artifact(cache_roots, Path(out), target=target, bake=report.to_dict(), **options)
     return report, packed
