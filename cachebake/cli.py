@@ -1,100 +1,187 @@
-"""The ``cachebake`` command line: a thin click group; each command calls one function and prints.
+"""The ``cachebake`` command line: parse, call one function, render.  No logic lives here.
 
-Every refusal is a ``CachebakeError``; ``main`` prints its one-line message and exits with its
-code (cachebake.errors.ExitCode), so scripts can branch on the number.
+Every refusal is a CachebakeError: one line on stderr, the exit code README documents.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
-from cachebake.errors import BadInput, CachebakeError
+from cachebake.errors import CachebakeError, ExitCode
 
 
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context):
+class CachebakeGroup(click.Group):
+    """Turns CachebakeError into its one-line message and exit code."""
+
+    def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except CachebakeError as e:
-            click.echo(f"cachebake: {e}", err=True)
-            sys.exit(int(e.code))
+            click.echo(f"cachebake: error: {e}", err=True)
+            ctx.exit(int(e.code))
+        except OSError as e:
+            # An OS refusal we did not foresee (disk full, permissions on a path we did not
+            # check): still one line, never a traceback.
+            where = f": {e.filename}" if e.filename else ""
+            click.echo(f"cachebake: error: {e.strerror or e}{where}", err=True)
+            ctx.exit(int(ExitCode.FAILURE))
 
 
-@click.group(cls=_Group)
-def main() -> None:
-    """Bake Triton JIT and autotune caches for vLLM at image-build time."""
+@click.group(cls=CachebakeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cachebake")
+def main():
+    """Bake Triton kernels and autotune results for a vLLM deployment at image-build time."""
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True))
+
+
+@main.command()
+@click.argument("roots", nargs=-1, required=True, metavar="[ROLE=]CACHE_DIR...")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=True, dir_okay=True),
+              help="Artifact directory (an OCI image layout); an existing artifact gains this target.")
+@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
+@click.option("--layer-root", help="Absolute path the server mounts the cache at (default /var/cache/cachebake).")
+@click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx: ~3x smaller, kernels still hit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def pack(roots, out, target, layer_root, prune_ir, as_json):
+    """Pack cache directories (triton=, vllm=, flashinfer=, inductor=) into an artifact."""
+    from cachebake.artifact.pack import pack_artifact, parse_root
+
+    report = pack_artifact([parse_root(r) for r in roots], out, target=target, layer_root=layer_root,
+                           prune_ir=prune_ir)
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    from cachebake.render import render_pack
+
+    render_pack(report)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--target", help="Show only this GPU target's bake.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full manifests as JSON.")
+def inspect(artifact, target, as_json):
+    """Show an artifact's fingerprint, kernel inventory, sizes and digests."""
+    from cachebake.inspect import inspect_artifact
+
+    report = inspect_artifact(artifact, target)
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    from cachebake.render import render_inspect
+
+    render_inspect(report)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]),
+              help="What runs one warmup round (default: the command after --).")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--out", required=True, type=click.Path(), help="Artifact directory to write.")
+@click.option("--root", default=None, type=click.Path(),
+              help="Cache root to bake in; serve from the same path (default /var/cache/cachebake).")
+@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
+@click.option("--until-stable/--no-until-stable", default=True, show_default=True,
+              help="Fail (exit 10) if a round still compiles after --max-rounds.")
+@click.option("--max-rounds", type=int, default=4, show_default=True)
+@click.option("--work-dir", type=click.Path(), help="Where round logs and events go (default: a temp dir).")
+@click.option("--allow-env", is_flag=True,
+              help="Cache-invalidating variables are set on purpose: record them without warning.")
+@click.option("--layer-root", help="Absolute path the server mounts the cache at (pack's default if unset).")
+@click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_dir, allow_env,
+          layer_root, prune_ir, as_json, cmd):
+    """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
+    from cachebake.build import build as run_build
+    from cachebake.drivers.command import make_driver
+    from cachebake.progress import RoundProgress
+    from cachebake.roles import DEFAULT_ROOT
+
+    drv = make_driver(driver, cmd, model=model, tp=tp)
+    report, packed = run_build(drv, out=out, root=root or DEFAULT_ROOT, target=target,
+                               max_rounds=max_rounds, until_stable=until_stable,
+                               allow_invalidating=allow_env, work_dir=work_dir,
+                               progress=RoundProgress(verb="bake"), layer_root=layer_root,
+                               prune_ir=prune_ir)
+    if as_json:
+        _emit_json({"bake": report.to_dict(), "pack": packed.to_dict()})
+        return
+    t = report.total
+    state = "stable" if report.stable else "NOT stable"
+    click.echo(f"baked {out}: {len(report.rounds)} rounds ({state}), {t.compiles} compiles "
+               f"({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
+               f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--cache", required=True, type=click.Path(),
+              help="An installed cache root (the --to DIR of install).")
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]))
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--work-dir", type=click.Path(), help="Where the round log and events go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verify report as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def verify(cache, model, driver, tp, work_dir, as_json, cmd):
+    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
+    from cachebake.drivers.command import make_driver
+    from cachebake.progress import RoundProgress
+    from cachebake.verify import verify as run_verify
+
+    drv = make_driver(driver, cmd, model=model, tp=tp)
+    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for line in report.lines():
+            click.echo(line)
+        if report.ok:
+            s = report.round.summary
+            click.echo(f"verified {report.cache}: 0 compiles, {s.cache_hits} cache hits")
+    report.check()
 
 
 @main.command("recipes")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def recipes_cmd(as_json: bool) -> None:
-    """List the bundled model recipes: variants, architecture, Mamba shapes, serve args."""
-    from cachebake.drivers.vllm_args import serve_args_to_flags
+def recipes_cmd(as_json):
+    """List the model recipes: variants, architecture, Mamba shapes, default serve args."""
     from cachebake.recipes import list_recipes
 
-    rows = []
-    for r in list_recipes():
-        rows.append({
-            "recipe": r.ref, "model_id": r.model_id, "architecture": r.architecture,
-            "mamba": r.mamba_shapes(), "serve_args": r.serve_args,
-            "source_url": r.source_url, "unverified_notes": len(r.notes),
-        })
+    recipes = list_recipes()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        _emit_json([{"recipe": r.ref, "model_id": r.model_id, "architecture": r.architecture,
+                     "mamba": r.mamba_shapes(), "serve_args": r.serve_args,
+                     "source_url": r.source_url, "notes": r.notes} for r in recipes])
         return
-    from rich.console import Console
-    from rich.table import Table
+    from cachebake.recipes.render import render_recipes
 
-    table = Table(title="cachebake recipes (name:variant)")
-    for col in ("recipe", "model", "architecture", "mamba heads x dim / groups / state / conv / chunk",
-                "serve args"):
-        table.add_column(col)
-    for row, r in zip(rows, list_recipes()):
-        m = row["mamba"]
-        shapes = (f"{m.get('heads')}x{m.get('head_dim')} / {m.get('groups')} / {m.get('d_state')} / "
-                  f"{m.get('conv')} / {m.get('chunk')} ({m.get('mamba_layers')} layers)")
-        table.add_row(row["recipe"], row["model_id"] or "", row["architecture"], shapes,
-                      " ".join(serve_args_to_flags(r.serve_args)))
-    Console(width=200).print(table)
-
-
-def _read_manifest(artifact: str) -> dict:
-    """The manifest dict of an artifact directory (its cachebake.json), or of a manifest file."""
-    p = Path(artifact)
-    candidates = [p / "cachebake.json"] if p.is_dir() else [p]
-    for c in candidates:
-        if c.is_file():
-            try:
-                data = json.loads(c.read_text())
-            except (OSError, ValueError) as e:
-                raise BadInput(f"{c}: not a readable manifest: {e}") from e
-            if isinstance(data, dict):
-                return data
-    # TODO(lead): read through cachebake.artifact.oci.open_artifact(path).select(target).manifest
-    # once the artifact reader is on main (OCI layouts without a cachebake.json, .tar.zst layers).
-    try:
-        from cachebake.artifact.oci import open_artifact  # type: ignore[import-not-found]
-    except ImportError:
-        raise BadInput(f"{artifact}: no cachebake.json there") from None
-    return open_artifact(artifact).select().manifest
+    render_recipes(recipes)
 
 
 @main.command("serve-args")
-@click.argument("artifact")
-@click.option("--root", default=None, help="Where the artifact is installed (install --to DIR); "
-              "default: the paths the bake used.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of shell lines.")
-def serve_args_cmd(artifact: str, root: str | None, as_json: bool) -> None:
+@click.argument("artifact", type=click.Path())
+@click.option("--target", help="GPU target whose bake to read (default: the only/first one).")
+@click.option("--root", help="Where the artifact is installed (install --to DIR); default: the bake root.")
+@click.option("--json", "as_json", is_flag=True, help="Print the command and environment as JSON.")
+def serve_args_cmd(artifact, target, root, as_json):
     """Print the `vllm serve` command and environment that match ARTIFACT's bake."""
-    from cachebake.drivers.vllm_args import serve_command
+    from cachebake.drivers.vllm_args import read_manifest, serve_command
 
-    cmd = serve_command(_read_manifest(artifact), root=root)
-    click.echo(json.dumps(cmd.to_dict(), indent=2) if as_json else cmd.shell())
+    cmd = serve_command(read_manifest(artifact, target), root=root)
+    if as_json:
+        _emit_json(cmd.to_dict())
+    else:
+        click.echo(cmd.shell())
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

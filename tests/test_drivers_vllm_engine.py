@@ -218,19 +218,51 @@ def test_serve_command_from_a_manifest(tmp_path):
         serve_command({"bake": {"driver": "command"}})
 
 
-def test_cli_serve_args_and_recipes(tmp_path):
+def test_cli_serve_args_from_a_real_artifact(triton_cache, tmp_path):
+    """Pack a real cache with a vllm bake record; serve-args reads it back through the OCI reader."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
     art = tmp_path / "artifact"
-    art.mkdir()
-    (art / "cachebake.json").write_text(json.dumps(_manifest(tmp_path)))
+    pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90",
+                  bake=_manifest(tmp_path)["bake"])
     runner = CliRunner()
     res = runner.invoke(main, ["serve-args", str(art)])
     assert res.exit_code == 0, res.output
     assert "export TRITON_CACHE_DIR=/var/cache/cachebake/triton" in res.output
-    assert "vllm serve /models/nemotron-h-8b --tensor-parallel-size 1" in res.output
+    assert "vllm serve /models/nemotron-h-8b " in res.output
     res = runner.invoke(main, ["serve-args", str(art), "--json", "--root", "/srv/c"])
-    assert json.loads(res.output)["env"]["TRITON_CACHE_DIR"] == "/srv/c/triton"
+    out = json.loads(res.output)
+    assert out["env"]["TRITON_CACHE_DIR"] == "/srv/c/triton"
+    # the manifest stores the serve args (key order is the manifest's); the flags mean the same
+    argv = out["argv"]
+    assert argv[:3] == ["vllm", "serve", "/models/nemotron-h-8b"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "256" and "--enable-prefix-caching" in argv
+    assert "--load-format" not in argv
     res = runner.invoke(main, ["serve-args", str(tmp_path / "missing")])
     assert res.exit_code == ExitCode.BAD_INPUT
+
+
+def test_serve_command_from_the_builds_driver_record():
+    """`cachebake build --driver vllm` records the driver (model, tp, serve args) and the env;
+    the rest is resolved the way the driver resolved it."""
+    bake = {"driver": "vllm", "function": "cachebake.drivers.vllm_engine:run_warmup",
+            "model": "nemotron-h:47b", "tp": 8, "serve_args": {"max_num_seqs": 64},
+            "env": {"root": "/var/cache/cachebake", "roles": ["triton", "vllm"],
+                    "invalidating_env_vars": {"TRITON_DEFAULT_FP_FUSION": "0"}}}
+    cmd = serve_command({"bake": bake})
+    assert cmd.model_path == "/models/nemotron-h-47b"
+    argv = cmd.argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    assert argv[argv.index("--max-num-seqs") + 1] == "64"
+    assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == "float32"
+    assert cmd.env == {"TRITON_CACHE_DIR": "/var/cache/cachebake/triton",
+                       "VLLM_CACHE_ROOT": "/var/cache/cachebake/vllm",
+                       "TRITON_CACHE_AUTOTUNING": "1", "TRITON_DEFAULT_FP_FUSION": "0"}
+    assert cmd.notes and cmd.shell().startswith("# serve args resolved from recipe nemotron-h:47b")
+
+
+def test_cli_recipes():
+    runner = CliRunner()
     res = runner.invoke(main, ["recipes", "--json"])
     rows = json.loads(res.output)
     assert {row["recipe"] for row in rows} >= {"nemotron-h:8b", "mamba2:codestral-7b", "zamba2:7b"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cachebake import roles as roles_mod
@@ -136,40 +137,107 @@ class ServeCommand:
     model_path: str
     flags: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def argv(self) -> list[str]:
         return ["vllm", "serve", self.model_path, *self.flags]
 
     def shell(self) -> str:
-        lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        lines = [f"# {n}" for n in self.notes]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
         lines.append(" ".join(shlex.quote(a) for a in self.argv))
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "argv": self.argv, "env": dict(sorted(self.env.items()))}
+        return {"model_path": self.model_path, "argv": self.argv, "env": dict(sorted(self.env.items())),
+                "notes": list(self.notes)}
+
+
+def default_model_dir(recipe) -> str:
+    """Where a bake puts a recipe's model when no path is given: pass the server's path instead."""
+    slug = recipe.name.replace("/", "-")
+    return f"/models/{slug}-{recipe.variant}" if recipe.variant else f"/models/{slug}"
+
+
+def resolve(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
+            model_dir: str | None = None) -> tuple[Any, dict[str, Any], str]:
+    """A bake's recipe, final serve args and model dir, without touching the disk.
+
+    Serve args: the recipe's defaults updated by ``serve_args`` (dict, JSON or flags); ``tp``
+    overrides tensor_parallel_size when given.  Model dir: ``model_dir``, else a local model's
+    own directory (baked where it is served from), else ``default_model_dir``."""
+    from cachebake.recipes import load_recipe
+
+    recipe = load_recipe(model)
+    extra = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args or {})
+    args = {**recipe.serve_args, **extra}
+    if tp is not None:
+        args["tensor_parallel_size"] = int(tp)
+    validate_serve_args(args)
+    if model_dir is None and recipe.local_path:
+        local = Path(recipe.local_path)
+        model_dir = str(local.parent if local.is_file() else local)
+    elif model_dir is None:
+        model_dir = default_model_dir(recipe)
+    return recipe, args, str(model_dir)
+
+
+def read_manifest(artifact: str, target: str | None = None) -> dict[str, Any]:
+    """One bake's manifest as a dict: from an artifact (verified by the OCI reader), or from a
+    manifest JSON file."""
+    p = Path(artifact)
+    if p.is_file() and p.suffix == ".json":
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise BadInput(f"{p}: not a readable manifest: {e}") from e
+        if not isinstance(data, dict) or "bake" not in data:
+            raise BadInput(f"{p}: not a bake manifest (no 'bake' section)")
+        return data
+    from cachebake.artifact.oci import open_artifact
+
+    return open_artifact(p).select(target).manifest.to_dict()
 
 
 def serve_command(manifest: dict[str, Any], root: str | None = None) -> ServeCommand:
     """The ``vllm serve`` command and environment matching a bake, from its manifest dict.
 
     ``root``: where the artifact is (or will be) installed; the cache roles' variables point
-    under it.  Without it, the paths the bake used (its ``serve_env``)."""
+    under it.  Without it, the root the bake used.  The bake section is either the vllm
+    driver's own record (``bake_record``: model path and serve args) or the build's record of
+    the driver (``model``, ``tp``, ``serve_args``, ``model_dir``), from which the rest is
+    resolved the way the driver resolved it."""
     bake = manifest.get("bake") or {}
-    if bake.get("driver") != "vllm" or "serve_args" not in bake:
-        raise BadInput("this artifact records no vLLM serve args (it was not baked with the vllm driver)")
-    model = bake.get("model") or {}
-    path = model.get("path")
-    if not path:
-        raise BadInput("this artifact's bake section records no model path")
-    flags = serve_args_to_flags({k: v for k, v in bake["serve_args"].items() if k not in BAKE_ONLY})
+    if bake.get("driver") != "vllm":
+        raise BadInput("this artifact was not baked with the vllm driver: it records no vLLM serve args")
+    model = bake.get("model")
+    notes: list[str] = []
+    if isinstance(model, dict):
+        path, serve_args = model.get("path"), bake.get("serve_args")
+    else:
+        path, serve_args = bake.get("model_dir"), None
+        if not model:
+            raise BadInput("this artifact's bake section records no model")
+        recipe, serve_args, resolved_path = resolve(str(model), bake.get("tp"),
+                                                    serve_args=bake.get("serve_args"),
+                                                    model_dir=path)
+        path = resolved_path
+        if recipe.local_path is None:
+            notes.append(f"serve args resolved from recipe {recipe.ref} as this cachebake knows it")
+    if not path or serve_args is None:
+        raise BadInput("this artifact's bake section records no model path / serve args")
+    flags = serve_args_to_flags({k: v for k, v in serve_args.items() if k not in BAKE_ONLY})
+    env_rec = bake.get("env") or {}
+    roles = manifest.get("roles") or env_rec.get("roles") or bake.get("roles")
     env: dict[str, str] = {}
-    if root is not None:
-        roles = manifest.get("roles") or bake.get("roles") or list(roles_mod.ROLE_ENV)
-        env.update(roles_mod.serving_env(root, list(roles)))
+    base = root or env_rec.get("root")
+    if base is not None:
+        env.update(roles_mod.serving_env(base, list(roles or roles_mod.ROLE_ENV)))
     else:
         env.update(bake.get("serve_env") or {})
     # Cache-invalidating variables enter every kernel key: the server must set them identically.
     env.update((manifest.get("fingerprint") or {}).get("env") or {})
+    env.update(env_rec.get("invalidating_env_vars") or {})
     env.update(bake.get("invalidating_env_vars") or {})
-    return ServeCommand(model_path=str(path), flags=flags, env=env)
+    return ServeCommand(model_path=str(path), flags=flags, env=env, notes=notes)

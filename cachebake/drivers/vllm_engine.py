@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachebake.drivers.vllm_args import (BAKE_ONLY, parse_serve_args, serve_args_to_flags,
-                                         serve_command, validate_serve_args)
+from cachebake.drivers.vllm_args import (BAKE_ONLY, default_model_dir, parse_serve_args, resolve,
+                                         serve_args_to_flags, serve_command, validate_serve_args)
 from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
                                          limits_from_vllm_config, plan_requests, plan_summary)
 from cachebake.errors import BadInput, CommandFailed
@@ -44,12 +44,6 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-
-
-def default_model_dir(recipe: Recipe) -> str:
-    """Where the bake puts the model when the caller names no path: pass the server's path."""
-    slug = (recipe.name if recipe.local_path is None else Path(recipe.name).name).replace("/", "-")
-    return f"/models/{slug}-{recipe.variant}" if recipe.variant else f"/models/{slug}"
 
 
 def config_bytes(hf_config: dict[str, Any]) -> bytes:
@@ -239,22 +233,9 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
 
 def prepare(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
             model_dir: str | None = None) -> tuple[Recipe, dict[str, Any], Path]:
-    """Resolve a bake's recipe, final serve args and model dir (config.json written there)."""
-    from cachebake.recipes import load_recipe
-
-    recipe = load_recipe(model)
-    extra = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args or {})
-    args = {**recipe.serve_args, **extra}
-    if tp is not None:
-        args["tensor_parallel_size"] = int(tp)
-    validate_serve_args(args)
-    if model_dir is None and recipe.local_path:
-        # A local model is baked where it is: its path is the one the server uses.
-        local = Path(recipe.local_path)
-        model_dir = str(local.parent if local.is_file() else local)
-    elif model_dir is None:
-        model_dir = default_model_dir(recipe)
-    return recipe, args, write_model_dir(recipe, model_dir)
+    """``vllm_args.resolve`` (recipe, serve args, model dir), with the config.json written."""
+    recipe, args, mdir = resolve(model, tp, serve_args=serve_args, model_dir=model_dir)
+    return recipe, args, write_model_dir(recipe, mdir)
 
 
 def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,

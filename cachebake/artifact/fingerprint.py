@@ -1,0 +1,224 @@
+"""The compatibility fingerprint: everything in Triton's cache key that differs between machines.
+
+A baked cache only hits where every input of the key matches (shared/FACTS.md, "The cache key"):
+the exact Triton wheel (``triton_key()`` hashes its sources and libtriton.so, so the Python tag
+matters too), the ptxas that the backend hashes, the GPU target, and each cache-invalidating
+environment variable that is set.  vLLM's kernels also pick configs by GPU *name* (H100 and
+H200 are both sm_90), and torch/vllm versions change kernel sources.  ``current_fingerprint``
+reads all of that from the running process; ``compare_fingerprints`` turns differences into
+one-line reasons an operator can act on.
+
+Reading is cheap on purpose: versions come from package metadata (no ``import torch``), and
+Triton is imported only if it is installed, so an init container without Triton can still
+compare against a fingerprint file written in the serving image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachebake.errors import BadInput
+
+_TARGET_RE = re.compile(r"^(?:(?P<sm>sm_)(?P<smarch>\d+)a?|(?P<backend>cuda|hip):(?P<arch>\w+)|(?P<gfx>gfx\w+))$")
+
+
+@dataclass(frozen=True)
+class GPUTargetSpec:
+    """A Triton GPUTarget, spelled ``cuda:90`` in manifests and ``sm_90`` on the command line."""
+
+    backend: str
+    arch: int | str
+    warp_size: int
+
+    @classmethod
+    def parse(cls, text: str) -> "GPUTargetSpec":
+        m = _TARGET_RE.match(text.strip())
+        if not m:
+            raise BadInput(f"unrecognised GPU target {text!r}: use e.g. sm_90, cuda:90 or gfx942")
+        if m["sm"]:
+            return cls("cuda", int(m["smarch"]), 32)
+        if m["gfx"]:
+            return cls("hip", m["gfx"], 64)
+        backend, arch = m["backend"], m["arch"]
+        if backend == "cuda":
+            if not arch.isdigit():
+                raise BadInput(f"unrecognised CUDA target {text!r}: the arch is a number, e.g. cuda:90")
+            return cls("cuda", int(arch), 32)
+        return cls("hip", arch, 64)
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}:{self.arch}"
+
+    @property
+    def ref_name(self) -> str:
+        """The OCI ref name of this target's bake: ``sm_90`` or ``gfx942``."""
+        return f"sm_{self.arch}" if self.backend == "cuda" else str(self.arch)
+
+
+@dataclass
+class Fingerprint:
+    target: str  # "cuda:90"
+    triton_version: str | None = None
+    triton_key: str | None = None
+    python_tag: str | None = None  # cpython-312 + platform ABI: the wheel triton_key was hashed from
+    ptxas: str | None = None  # the backend hash: full `ptxas --version` text + arch
+    gpu_name: str | None = None  # None where no GPU was visible (e.g. --target on a CPU builder)
+    env: dict[str, str] = field(default_factory=dict)  # cache-invalidating vars that are set
+    torch_version: str | None = None
+    vllm_version: str | None = None
+    bake_paths: dict[str, str] = field(default_factory=dict)  # role -> absolute path baked at
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Fingerprint":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if "target" not in data:
+            raise BadInput("fingerprint has no 'target'")
+        # Fields we don't know come from a newer cachebake; ignoring them is safe because
+        # compare_fingerprints only reasons about fields it knows.
+        return cls(**{k: v for k, v in data.items() if k not in unknown})
+
+    @classmethod
+    def load(cls, path: os.PathLike | str) -> "Fingerprint":
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise BadInput(f"cannot read fingerprint file {path}: {e.strerror}") from None
+        except ValueError as e:
+            raise BadInput(f"fingerprint file {path} is not JSON: {e}") from None
+        return cls.from_dict(data.get("fingerprint", data))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    field: str
+    baked: object
+    current: object
+    consequence: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: baked {_short(self.baked)}, here {_short(self.current)} -> {self.consequence}"
+
+
+def _short(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = " ".join(str(text).split())
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def python_tag() -> str:
+    return f"{sys.implementation.cache_tag}{sysconfig.get_config_var('EXT_SUFFIX') or ''}"
+
+
+def visible_gpu() -> tuple[GPUTargetSpec, str | None] | None:
+    """The GPU this process would run on, or None.  Uses Triton's active driver (as a launch
+    would), and nvidia-smi for the name, so torch need not be imported."""
+    try:
+        from triton.runtime import driver
+
+        t = driver.active.get_current_target()
+    except Exception:
+        return None
+    spec = GPUTargetSpec(t.backend, t.arch, t.warp_size)
+    name = None
+    smi = shutil.which("nvidia-smi")
+    if spec.backend == "cuda" and smi:
+        dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", "-i", dev],
+                                 capture_output=True, text=True, timeout=20)
+            name = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError, IndexError):
+            name = None
+    return spec, name
+
+
+def resolve_target(target: str | None) -> tuple[GPUTargetSpec, str | None]:
+    """``--target`` if given, else the visible GPU; a clear error if neither exists."""
+    seen = visible_gpu()
+    if target:
+        spec = GPUTargetSpec.parse(target)
+        # The name is only trustworthy when the visible GPU is the one asked for.
+        name = seen[1] if seen and seen[0] == spec else None
+        return spec, name
+    if seen is None:
+        raise BadInput("no GPU is visible here: pass --target (e.g. --target sm_90)")
+    return seen
+
+
+def current_fingerprint(target: str | None = None, bake_paths: dict[str, str] | None = None) -> Fingerprint:
+    spec, gpu_name = resolve_target(target)
+    fp = Fingerprint(
+        target=spec.key,
+        gpu_name=gpu_name,
+        python_tag=python_tag(),
+        torch_version=_dist_version("torch"),
+        vllm_version=_dist_version("vllm"),
+        bake_paths=dict(bake_paths or {}),
+    )
+    try:
+        import triton
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return fp  # no Triton here: compare against a fingerprint file from the serving image
+    fp.triton_version = triton.__version__
+    fp.triton_key = triton_key()
+    fp.env = dict(sorted(get_cache_invalidating_env_vars().items()))
+    try:
+        fp.ptxas = make_backend(GPUTarget(spec.backend, spec.arch, spec.warp_size)).hash()
+    except Exception as e:  # a target this Triton has no backend or assembler for
+        raise BadInput(f"Triton {triton.__version__} cannot target {spec.key}: {e}") from None
+    return fp
+
+
+# field -> what happens at serve time when it differs
+_CONSEQUENCES = {
+    "target": "the bake holds no kernels for this GPU: every kernel compiles at first use",
+    "triton_version": "another Triton: every kernel recompiles at first use",
+    "triton_key": "another Triton build (wheel or Python tag): every kernel recompiles at first use",
+    "python_tag": "another Python ABI: Triton's key and its launcher .so differ, every kernel recompiles",
+    "ptxas": "another ptxas: every kernel recompiles at first use",
+    "env": "cache-invalidating variables differ: every kernel recompiles at first use",
+    "gpu_name": "vLLM picks kernel configs by GPU name: some kernels recompile and re-autotune",
+    "torch_version": "another torch: Inductor and torch.compile caches miss, Triton kernels it generates recompile",
+    "vllm_version": "another vLLM: kernels whose source changed recompile and re-autotune",
+}
+
+
+def compare_fingerprints(baked: Fingerprint, current: Fingerprint) -> list[Mismatch]:
+    """One Mismatch per field that would make the bake miss.  A value unknown on one side
+    (None: not installed, or no GPU visible) is not a difference we can prove, except for
+    Triton itself, without which nothing hits."""
+    out: list[Mismatch] = []
+    for name, consequence in _CONSEQUENCES.items():
+        b, c = getattr(baked, name), getattr(current, name)
+        if b == c:
+            continue
+        if name in ("gpu_name", "torch_version", "vllm_version") and (b is None or c is None):
+            continue
+        out.append(Mismatch(name, b, c, consequence))
+    return out

@@ -1,0 +1,76 @@
+"""Shared fixtures: real Triton caches built by ahead-of-time compiles (tests/aot.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import subprocess
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import aot  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def _built_cache(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("aot") / "triton"
+    events = aot.compile_in_subprocess(root)
+    assert [e["cache_hit"] for e in events] == [False] * len(aot.SPECS)
+    aot.write_autotune_result(root)
+    return root
+
+
+@pytest.fixture
+def triton_cache(_built_cache, tmp_path) -> Path:
+    """A private copy of a real sm_90 Triton cache: 5 kernel specializations of 3 kernels and
+    one autotune result."""
+    dst = tmp_path / "cache" / "triton"
+    shutil.copytree(_built_cache, dst)
+    return dst
+
+
+def tool(name: str) -> str:
+    """A real OCI tool; CI installs them (.ci/run).  CACHEBAKE_UMOCI points at a umoci that
+    reads zstd layers (Debian bookworm's 0.4.7 does not)."""
+    path = os.environ.get(f"CACHEBAKE_{name.upper()}")
+    if not path and name == "umoci" and os.path.exists("/opt/umoci-sid/usr/bin/umoci"):
+        path = "/opt/umoci-sid/usr/bin/umoci"  # where .ci/run puts it
+    path = path or shutil.which(name)
+    if not path:
+        pytest.fail(f"{name} is not installed: run .ci/run or install it (see README)")
+    return path
+
+
+NOBODY = 65534
+
+
+def as_nobody(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """Run ``argv`` as uid/gid 65534 with setpriv, for tests of non-root behaviour.
+
+    Needs root, setpriv, and an interpreter whose files uid 65534 can read (.ci/run makes the
+    python prefix traversable); skips with the reason otherwise."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run as another user")
+    cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    probe = subprocess.run(cmd + [sys.executable, "-c", "import cachebake.cli, click, zstandard, triton"],
+                           capture_output=True, text=True, cwd="/")
+    if probe.returncode != 0:
+        pytest.skip("uid 65534 cannot import cachebake with this interpreter: " + probe.stderr.strip().splitlines()[-1])
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return subprocess.run(cmd + argv, **kw)
+
+
+@pytest.fixture
+def public_tmp():
+    """A temp dir that uid 65534 can reach (pytest's own tmp_path lives under a 0700 dir)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="cachebake-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,248 @@
+"""pack: real caches in, artifacts that skopeo and umoci accept out, byte-reproducible."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import aot
+from cachebake.artifact.oci import open_artifact
+from cachebake.artifact.pack import pack_artifact, parse_root
+from cachebake.cli import main
+from cachebake.errors import BadInput, ExitCode
+from conftest import NOBODY, as_nobody, tool
+
+LAYER_ROOT = "/var/cache/cachebake"
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _pack(cache: Path, out: Path, target="sm_90", **kw):
+    return pack_artifact([parse_root(f"triton={cache}")], out, target=target, **kw)
+
+
+def test_skopeo_and_umoci_accept_it_and_the_tree_matches(triton_cache, tmp_path):
+    out = tmp_path / "art"
+    report = _pack(triton_cache, out)
+    info = json.loads(subprocess.run([tool("skopeo"), "inspect", f"oci:{out}:sm_90"], check=True,
+                                     capture_output=True, text=True).stdout)
+    assert info["Layers"] == [report.manifest.layer.digest]
+    assert info["Labels"]["dev.cachebake.target"] == "cuda:90"
+    bundle = tmp_path / "bundle"
+    subprocess.run([tool("umoci"), "unpack", "--rootless", "--image", f"{out}:sm_90", str(bundle)],
+                   check=True, capture_output=True)
+    unpacked, source = _files(bundle / "rootfs" / "triton"), _files(triton_cache)
+    assert unpacked.keys() == source.keys()
+    for rel, path in source.items():
+        if Path(rel).name.startswith("__grp__"):
+            # Group files are normalized to the serving root: same children, canonical paths.
+            src = json.loads(path.read_text())["child_paths"]
+            got = json.loads(unpacked[rel].read_text())["child_paths"]
+            key_dir = rel.rsplit("/", 1)[0]
+            assert got == {name: f"{LAYER_ROOT}/triton/{key_dir}/{name}" for name in src}
+        else:
+            assert unpacked[rel].read_bytes() == path.read_bytes(), rel
+
+
+def test_same_tree_packs_to_identical_layer_from_anywhere(triton_cache, tmp_path):
+    other = tmp_path / "elsewhere" / "deeper" / "triton"
+    shutil.copytree(triton_cache, other)
+    past = time.time() - 86400 * 30
+    for p in other.rglob("*"):
+        os.utime(p, (past, past))
+        os.chown(p, 65534, 65534)
+        if p.is_file():
+            p.chmod(0o600)
+    a = _pack(triton_cache, tmp_path / "a")
+    time.sleep(1.1)
+    b = _pack(other, tmp_path / "b")
+    assert a.manifest.layer.digest == b.manifest.layer.digest
+    assert a.manifest.layer.diff_id == b.manifest.layer.diff_id
+    la = open_artifact(tmp_path / "a").select("sm_90")
+    assert (tmp_path / "a" / "blobs" / "sha256" / la.layer_digest.split(":")[1]).read_bytes() == \
+        (tmp_path / "b" / "blobs" / "sha256" / la.layer_digest.split(":")[1]).read_bytes()
+    # Only the recorded bake path differs between the two manifests.
+    fa, fb = a.manifest.fingerprint, b.manifest.fingerprint
+    assert fa["bake_paths"] != fb["bake_paths"]
+    assert {k: v for k, v in fa.items() if k != "bake_paths"} == {k: v for k, v in fb.items() if k != "bake_paths"}
+    # Packing the very same path twice gives the same image manifest digest too.
+    c = _pack(triton_cache, tmp_path / "c")
+    assert c.manifest_digest == a.manifest_digest
+
+
+def test_fingerprint_and_inventory(triton_cache, tmp_path):
+    m = _pack(triton_cache, tmp_path / "art").manifest
+    fp = m.fingerprint
+    assert fp["target"] == "cuda:90" and fp["triton_version"] == "3.6.0"
+    assert fp["triton_key"].startswith("3.6.0")
+    assert "release 12.8" in fp["ptxas"] and fp["ptxas"].endswith("-90")
+    assert fp["python_tag"].startswith(sys.implementation.cache_tag)
+    assert fp["bake_paths"] == {"triton": str(triton_cache.resolve())}
+    names = sorted(k.name for k in m.inventory.kernels)
+    assert names == sorted(s[0] for s in aot.SPECS)
+    warps = sorted((k.name, k.num_warps) for k in m.inventory.kernels if k.name == "add_kernel")
+    assert warps == [("add_kernel", 4), ("add_kernel", 8)]
+    assert all(k.target == "cuda:90" and k.key_dir.startswith("triton/") for k in m.inventory.kernels)
+    [tune] = m.inventory.autotune
+    assert tune.kernel == "add_kernel" and tune.tuning_key == [4096, "torch.float32"] and tune.configs == 2
+    assert tune.best["kwargs"] == {"BLOCK": 1024}
+
+
+def test_set_invalidating_env_var_is_recorded(triton_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    m = _pack(triton_cache, tmp_path / "art").manifest
+    # recorded as Triton puts it into the key (it normalizes booleans)
+    assert m.fingerprint["env"] == {"TRITON_DEFAULT_FP_FUSION": "true"}
+
+
+def test_cleaning_drops_leftovers_orphans_and_topology(triton_cache, tmp_path):
+    key_dirs = sorted(p for p in triton_cache.iterdir() if p.is_dir() and len(p.name) == 52)
+    (key_dirs[0] / "tmp.pid_123_abc").mkdir()
+    (key_dirs[0] / "tmp.pid_123_abc" / "half.cubin").write_bytes(b"x")
+    orphan = key_dirs[1]
+    for cubin in orphan.glob("*.cubin"):
+        cubin.unlink()
+    vllm = tmp_path / "vllm"
+    (vllm / "torch_compile_cache").mkdir(parents=True)
+    (vllm / "torch_compile_cache" / "graph.py").write_text("x = 1\n")
+    (vllm / "gpu_p2p_access_cache_for_0,1.json").write_text("{}")
+    report = pack_artifact([parse_root(f"triton={triton_cache}"), parse_root(f"vllm={vllm}")],
+                           tmp_path / "art", target="sm_90")
+    art = tmp_path / "art"
+    bundle = tmp_path / "bundle"
+    subprocess.run([tool("umoci"), "unpack", "--rootless", "--image", f"{art}:sm_90", str(bundle)],
+                   check=True, capture_output=True)
+    got = _files(bundle / "rootfs")
+    assert not any("tmp.pid_" in k for k in got)
+    assert not any(k.startswith(f"triton/{orphan.name}") for k in got)
+    assert "vllm/torch_compile_cache/graph.py" in got
+    assert not any("gpu_p2p_access_cache" in k for k in got)
+    dropped = {d["path"]: d["reason"] for d in report.manifest.inventory.dropped}
+    assert any(orphan.name in p and "no binary" in r for p, r in dropped.items())
+    assert any("gpu_p2p_access_cache" in p for p in dropped)
+    assert len(report.manifest.inventory.kernels) == len(aot.SPECS) - 1
+    assert report.manifest.roles == ["triton", "vllm"]
+
+
+def test_second_target_adds_an_index_entry(triton_cache, tmp_path):
+    sm120 = tmp_path / "sm120" / "triton"
+    aot.compile_in_subprocess(sm120, specs=aot.SPECS[:2], target=("cuda", 120, 32))
+    out = tmp_path / "art"
+    _pack(triton_cache, out, target="sm_90")
+    first = open_artifact(out).select("sm_90").manifest_digest
+    report = _pack(sm120, out, target="sm_120")
+    assert report.targets == ["cuda:120", "cuda:90"]
+    art = open_artifact(out)
+    assert art.select("sm_90").manifest_digest == first
+    assert art.select("cuda:120").manifest.fingerprint["ptxas"].startswith("ptxas-blackwell")
+    for ref in ("sm_90", "sm_120"):
+        subprocess.run([tool("skopeo"), "inspect", f"oci:{out}:{ref}"], check=True, capture_output=True)
+    # Re-packing a target replaces its entry rather than adding a third.
+    _pack(triton_cache, out, target="sm_90")
+    assert open_artifact(out).targets() == ["cuda:120", "cuda:90"]
+    summary = json.loads((out / "cachebake.json").read_text())
+    assert sorted(summary["bakes"]) == ["cuda:120", "cuda:90"]
+
+
+def test_prune_ir_keeps_binaries_and_rewrites_groups(triton_cache, tmp_path):
+    full = _pack(triton_cache, tmp_path / "full").manifest
+    pruned = _pack(triton_cache, tmp_path / "pruned", prune_ir=True).manifest
+    assert pruned.layer.uncompressed_size < full.layer.uncompressed_size / 2
+    assert len(pruned.inventory.kernels) == len(full.inventory.kernels)
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "not_a_cache", "file", "out_is_a_file", "out_is_other_dir",
+                                  "bad_role"])
+def test_bad_input_one_line_exit_3_nothing_written(case, triton_cache, tmp_path):
+    out = tmp_path / "out"
+    root = str(triton_cache)
+    if case == "missing":
+        root = str(tmp_path / "nope")
+    elif case == "empty":
+        (tmp_path / "empty").mkdir()
+        root = str(tmp_path / "empty")
+    elif case == "not_a_cache":
+        (tmp_path / "docs").mkdir()
+        (tmp_path / "docs" / "README").write_text("hi")
+        root = str(tmp_path / "docs")
+    elif case == "file":
+        root = str(next(triton_cache.rglob("*.cubin")))
+    elif case == "out_is_a_file":
+        out.write_text("precious")
+    elif case == "out_is_other_dir":
+        out.mkdir()
+        (out / "precious.txt").write_text("keep me")
+    elif case == "bad_role":
+        root = f"cuda={triton_cache}"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.is_dir() else None
+    result = CliRunner().invoke(main, ["pack", root, "--out", str(out), "--target", "sm_90"])
+    assert result.exit_code == ExitCode.BAD_INPUT, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cachebake: error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp dir left behind
+    if case == "out_is_a_file":
+        assert out.read_text() == "precious"
+    if snapshot is not None:
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot
+
+
+def test_unreadable_file_is_refused_for_a_non_root_user(_built_cache, public_tmp):
+    tmp_path = public_tmp
+    triton_cache = tmp_path / "triton"
+    shutil.copytree(_built_cache, triton_cache)
+    for p in [tmp_path, *tmp_path.rglob("*")]:
+        os.chown(p, NOBODY, NOBODY)
+    victim = next(triton_cache.rglob("*.cubin"))
+    victim.chmod(0)
+    out = tmp_path / "out"
+    r = as_nobody([sys.executable, "-m", "cachebake.cli", "pack", str(triton_cache), "--out", str(out),
+                   "--target", "sm_90"], env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == ExitCode.BAD_INPUT, r.stderr
+    assert "not readable" in r.stderr and victim.name in r.stderr
+    assert not out.exists()
+
+
+def test_failed_pack_leaves_an_existing_artifact_untouched(triton_cache, tmp_path, monkeypatch):
+    out = tmp_path / "art"
+    _pack(triton_cache, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    from cachebake.artifact import layer
+
+    def boom(self, snap):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(layer.LayerWriter, "write", boom)
+    with pytest.raises(OSError):
+        _pack(triton_cache, out, target="sm_90")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["art", "cache"])
+
+
+def test_inspect_json_and_text(triton_cache, tmp_path):
+    out = tmp_path / "art"
+    _pack(triton_cache, out)
+    r = CliRunner().invoke(main, ["inspect", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    [bake] = data["bakes"]
+    assert bake["summary"]["kernels"] == len(aot.SPECS) and bake["summary"]["autotune"] == 1
+    assert bake["layer_digest"].startswith("sha256:") and bake["manifest"]["layer"]["size"] > 0
+    r = CliRunner().invoke(main, ["inspect", str(out)])
+    assert r.exit_code == 0 and "add_kernel" in r.stdout and "3.6.0" in r.stdout
+
+
+def test_unknown_target_is_a_clear_error():
+    with pytest.raises(BadInput, match="unrecognised GPU target"):
+        from cachebake.artifact.fingerprint import GPUTargetSpec
+        GPUTargetSpec.parse("h200")
