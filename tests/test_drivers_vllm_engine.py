@@ -303,3 +303,13 @@ def test_prepare_merges_recipe_serve_args_tp_and_model_dir(tmp_path):
     assert mdir == (tmp_path / "local").resolve() and args == {"max_num_seqs": 4}
     with pytest.raises(BadInput, match="enforce_eager"):
         prepare("nemotron-h", serve_args="--enforce-eager", model_dir=str(tmp_path / "m3"))
+
+
+def test_bake_record_is_what_serve_args_reads(tmp_path):
+    r = load_recipe("falcon-h1:3b")
+    rec = bake_record(r, r.serve_args, "/models/falcon", {"TRITON_CACHE_DIR": "/c/triton"})
+    assert rec["driver"] == "vllm" and rec["model"]["recipe"] == "falcon-h1:3b"
+    assert rec["model"]["mamba"]["head_dim"] == 128 and len(rec["model"]["config_sha256"]) == 64
+    cmd = serve_command({"bake": rec})
+    assert cmd.model_path == "/models/falcon" and cmd.env == {"TRITON_CACHE_DIR": "/c/triton"}
+    assert cmd.flags == rec["vllm_flags"]

@@ -30,12 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachebake.capture.env import MONITOR_LOG_ENV
 from cachebake.drivers.vllm_args import (BAKE_ONLY, default_model_dir, parse_serve_args, resolve,
                                          serve_args_to_flags, serve_command, validate_serve_args)
 from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
                                          limits_from_vllm_config, plan_requests, plan_summary)
 from cachebake.errors import BadInput, CommandFailed
 from cachebake.recipes import Recipe
+from cachebake.roles import ROLE_ENV
 
 # What every vLLM bake process runs with besides the pinned cache roots: no network, no telemetry.
 OFFLINE_ENV = {
@@ -247,11 +249,20 @@ def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
     ``model``: a recipe (``name[:variant]``), a model dir or a config.json.  Serve args: the
     recipe's defaults, updated by ``serve_args`` (dict, JSON or ``vllm serve`` flags); ``tp``
     overrides tensor_parallel_size when given.  ``model_dir``: the path the server will use
-    (default ``default_model_dir``).  ``report``: where to write the round's JSON report."""
+    (default ``default_model_dir``).
+
+    Writes the bake record (``bake_record``: model identity and path, the exact serve args, the
+    limits vLLM resolved, the plan's batches) to ``report``, or else beside the compile
+    monitor's log as ``vllm-bake.json``, for the build to put in the manifest."""
     recipe, args, mdir = prepare(model, tp, serve_args=serve_args, model_dir=model_dir)
     result = warmup(engine_kwargs(mdir, args), recipe.hf_config, args)
-    if report:
-        _write_json(report, result.to_dict())
+    serve_env = {v: os.environ[v] for v in (*ROLE_ENV.values(), "TRITON_CACHE_AUTOTUNING")
+                 if v in os.environ}
+    record = bake_record(recipe, args, str(mdir), serve_env, result)
+    monitor_log = os.environ.get(MONITOR_LOG_ENV)
+    out = report or (str(Path(monitor_log).parent / "vllm-bake.json") if monitor_log else None)
+    if out:
+        _write_json(out, record)
     return result
 
 
