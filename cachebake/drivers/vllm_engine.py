@@ -9,9 +9,10 @@ use: the model path string enters torch.compile's cache key, so it is recorded i
 
 vLLM's startup runs its own warmups (profile run, JIT warmup registry, CUDA graph capture); then
 the plan from ``vllm_plan.plan_requests`` drives what only traffic reaches.  Each round is one
-fresh child process (``python -m cachebake.drivers.vllm_engine SPEC REPORT``), so in-memory
-caches never hide a disk miss; the build loop repeats rounds under the compile monitor until one
-compiles nothing.
+fresh process, so in-memory caches never hide a disk miss: ``run_warmup`` is the round body that
+``cachebake build --driver vllm`` starts (``drivers.command``), under the compile monitor, until
+a round compiles nothing; ``run_round`` runs one round as a child process on its own
+(``python -m cachebake.drivers.vllm_engine SPEC REPORT``).
 
 Nothing here fakes the engine: without vLLM (or without a GPU) a round fails with the child's
 own error.
