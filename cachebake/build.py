@@ -11,6 +11,7 @@ accepts an incomplete bake.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -222,5 +223,12 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
     # Group files are written for the root the cache was baked at: an image mounted there (or
     # a server started with the same pinned env) hits without rewriting anything.
     options.setdefault("layer_root", str(benv.root))
-    packed = pack_artifact(cache_roots, Path(out), target=target, bake=report.to_dict(), **options)
+    bake = report.to_dict()
+    # The vllm driver leaves its record (model identity and path, the exact serve args, the
+    # limits vLLM resolved, the request plan) beside the monitor's log: it becomes part of the
+    # bake section, where `serve-args` and `inspect` read it.
+    record = work / "vllm-bake.json"
+    if record.is_file():
+        bake.update(json.loads(record.read_text()))
+    packed = pack_artifact(cache_roots, Path(out), target=target, bake=bake, **options)
     return report, packed

@@ -83,7 +83,11 @@ def inspect(artifact, target, as_json):
 @click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
 @click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]),
               help="What runs one warmup round (default: the command after --).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", default=None,
+              help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
+@click.option("--model-dir", "model_dir", type=click.Path(), default=None,
+              help="vllm driver: where the model config goes; use the path the server will use.")
 @click.option("--out", required=True, type=click.Path(), help="Artifact directory to write.")
 @click.option("--root", default=None, type=click.Path(),
               help="Cache root to bake in; serve from the same path (default /var/cache/cachebake).")
@@ -98,7 +102,7 @@ def inspect(artifact, target, as_json):
 @click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_dir, allow_env,
+def build(model, driver, tp, serve_args, model_dir, out, root, target, until_stable, max_rounds, work_dir, allow_env,
           layer_root, prune_ir, as_json, cmd):
     """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
     from cachebake.build import build as run_build
@@ -106,7 +110,7 @@ def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_d
     from cachebake.progress import RoundProgress
     from cachebake.roles import DEFAULT_ROOT
 
-    drv = make_driver(driver, cmd, model=model, tp=tp)
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
     report, packed = run_build(drv, out=out, root=root or DEFAULT_ROOT, target=target,
                                max_rounds=max_rounds, until_stable=until_stable,
                                allow_invalidating=allow_env, work_dir=work_dir,
@@ -127,17 +131,19 @@ def build(model, driver, tp, out, root, target, until_stable, max_rounds, work_d
               help="An installed cache root (the --to DIR of install).")
 @click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
 @click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]))
-@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", default=None, help="As for build: the bake's serving arguments.")
+@click.option("--model-dir", "model_dir", type=click.Path(), default=None, help="As for build.")
 @click.option("--work-dir", type=click.Path(), help="Where the round log and events go.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verify report as JSON.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def verify(cache, model, driver, tp, work_dir, as_json, cmd):
+def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, cmd):
     """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
     from cachebake.drivers.command import make_driver
     from cachebake.progress import RoundProgress
     from cachebake.verify import verify as run_verify
 
-    drv = make_driver(driver, cmd, model=model, tp=tp)
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
     report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
     if as_json:
         _emit_json(report.to_dict())

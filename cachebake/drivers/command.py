@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -65,7 +66,8 @@ class InProcessDriver:
 
 
 def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
-                model: str | None = None, tp: int = 1):
+                model: str | None = None, tp: int | None = None, serve_args: str | None = None,
+                model_dir: str | None = None):
     """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` with ``--model``."""
     if cmd:
         if driver not in (None, "command"):
@@ -83,7 +85,16 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     if importlib.util.find_spec(function.partition(":")[0]) is None:
         raise Unsupported(f"--driver {driver}: {function.partition(':')[0]} is not available "
                           "in this cachebake")
-    return InProcessDriver(driver, function, {"model": model, "tp": tp})
+    kwargs: dict = {"model": model}
+    if tp is not None:
+        kwargs["tp"] = tp
+    if serve_args is not None:
+        kwargs["serve_args"] = serve_args
+    if model_dir is not None:
+        if driver != "vllm":
+            raise BadInput("--model-dir is for --driver vllm")
+        kwargs["model_dir"] = os.path.abspath(model_dir)
+    return InProcessDriver(driver, function, kwargs)
 
 
 def _run_function(target: str, kwargs: dict) -> None:
