@@ -79,6 +79,116 @@ def inspect(artifact, target, as_json):
     render_inspect(report)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]),
+              help="What runs one warmup round (default: the command after --).")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", default=None,
+              help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
+@click.option("--model-dir", "model_dir", type=click.Path(), default=None,
+              help="vllm driver: where the model config goes; use the path the server will use.")
+@click.option("--out", required=True, type=click.Path(), help="Artifact directory to write.")
+@click.option("--root", default=None, type=click.Path(),
+              help="Cache root to bake in; serve from the same path (default /var/cache/cachebake).")
+@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
+@click.option("--until-stable/--no-until-stable", default=True, show_default=True,
+              help="Fail (exit 10) if a round still compiles after --max-rounds.")
+@click.option("--max-rounds", type=int, default=4, show_default=True)
+@click.option("--work-dir", type=click.Path(), help="Where round logs and events go (default: a temp dir).")
+@click.option("--allow-env", is_flag=True,
+              help="Cache-invalidating variables are set on purpose: record them without warning.")
+@click.option("--layer-root", help="Absolute path the server mounts the cache at (pack's default if unset).")
+@click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def build(model, driver, tp, serve_args, model_dir, out, root, target, until_stable, max_rounds, work_dir, allow_env,
+          layer_root, prune_ir, as_json, cmd):
+    """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
+    from cachebake.build import build as run_build
+    from cachebake.drivers.command import make_driver
+    from cachebake.progress import RoundProgress
+    from cachebake.roles import DEFAULT_ROOT
+
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
+    report, packed = run_build(drv, out=out, root=root or DEFAULT_ROOT, target=target,
+                               max_rounds=max_rounds, until_stable=until_stable,
+                               allow_invalidating=allow_env, work_dir=work_dir,
+                               progress=RoundProgress(verb="bake"), layer_root=layer_root,
+                               prune_ir=prune_ir)
+    if as_json:
+        _emit_json({"bake": report.to_dict(), "pack": packed.to_dict()})
+        return
+    t = report.total
+    state = "stable" if report.stable else "NOT stable"
+    click.echo(f"baked {out}: {len(report.rounds)} rounds ({state}), {t.compiles} compiles "
+               f"({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
+               f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--cache", required=True, type=click.Path(),
+              help="An installed cache root (the --to DIR of install).")
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]))
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", default=None, help="As for build: the bake's serving arguments.")
+@click.option("--model-dir", "model_dir", type=click.Path(), default=None, help="As for build.")
+@click.option("--work-dir", type=click.Path(), help="Where the round log and events go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verify report as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, cmd):
+    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
+    from cachebake.drivers.command import make_driver
+    from cachebake.progress import RoundProgress
+    from cachebake.verify import verify as run_verify
+
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
+    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for line in report.lines():
+            click.echo(line)
+        if report.ok:
+            s = report.round.summary
+            click.echo(f"verified {report.cache}: 0 compiles, {s.cache_hits} cache hits")
+    report.check()
+
+
+@main.command("recipes")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def recipes_cmd(as_json):
+    """List the model recipes: variants, architecture, Mamba shapes, default serve args."""
+    from cachebake.recipes import list_recipes
+
+    recipes = list_recipes()
+    if as_json:
+        _emit_json([{"recipe": r.ref, "model_id": r.model_id, "architecture": r.architecture,
+                     "mamba": r.mamba_shapes(), "serve_args": r.serve_args,
+                     "source_url": r.source_url, "notes": r.notes} for r in recipes])
+        return
+    from cachebake.recipes.render import render_recipes
+
+    render_recipes(recipes)
+
+
+@main.command("serve-args")
+@click.argument("artifact", type=click.Path())
+@click.option("--target", help="GPU target whose bake to read (default: the only/first one).")
+@click.option("--root", help="Where the artifact is installed (install --to DIR); default: the bake root.")
+@click.option("--json", "as_json", is_flag=True, help="Print the command and environment as JSON.")
+def serve_args_cmd(artifact, target, root, as_json):
+    """Print the `vllm serve` command and environment that match ARTIFACT's bake."""
+    from cachebake.drivers.vllm_args import read_manifest, serve_command
+
+    cmd = serve_command(read_manifest(artifact, target), root=root)
+    if as_json:
+        _emit_json(cmd.to_dict())
+    else:
+        click.echo(cmd.shell())
+
+
 @main.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False),

@@ -134,3 +134,36 @@ def write_autotune_result(cache_dir: os.PathLike | str, kernel: str = "add_kerne
     finally:
         del os.environ["TRITON_CACHE_DIR"]
     return Path(path)
+
+
+# -- capture/build tests: compiles in this process, into the current TRITON_CACHE_DIR ----------
+
+ADD_SIGNATURE = SPECS[0][1]
+SCALE_SIGNATURE = SPECS[3][1]
+_DEFAULT_CONSTEXPRS = {"add_kernel": {"BLOCK": 128}, "scale_kernel": {"BLOCK": 128, "SQUARE": False},
+                       "rowsum_kernel": {"N": 128}}
+_DEFAULT_SIGNATURES = {"add_kernel": ADD_SIGNATURE, "scale_kernel": SCALE_SIGNATURE,
+                       "rowsum_kernel": SPECS[4][1]}
+
+
+def aot_compile(cache_dir, kernel=add_kernel, signature=None, constexprs=None,
+                target=("cuda", 90, 32), options=None):
+    """Compile ``kernel`` for ``target`` in this process into ``cache_dir`` (None: whatever
+    TRITON_CACHE_DIR says) and return the CompiledKernel.  ``constexprs`` override the
+    kernel's defaults (BLOCK=128, ...)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    name = kernel.__name__
+    signature = signature or _DEFAULT_SIGNATURES[name]
+    constexprs = {**_DEFAULT_CONSTEXPRS[name], **(constexprs or {})}
+    if cache_dir is not None:
+        triton.knobs.cache.dir = os.fspath(cache_dir)
+    src = ASTSource(kernel, signature, constexprs=constexprs, attrs={})
+    return triton.compile(src, target=GPUTarget(*target), options=options)
+
+
+def compile_round(blocks=(128,), kernel="add_kernel"):
+    """One warmup round for an InProcessDriver: compile ``kernel`` at each BLOCK."""
+    for block in blocks:
+        aot_compile(None, KERNELS[kernel], constexprs={"BLOCK": block})

@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
+from cachebake.recipes import load_recipe
+
+NEMOTRON_H_8B_CONFIG = load_recipe("nemotron-h:8b").hf_config
+
 from cachebake.drivers.kernels import (
-    NEMOTRON_H_8B_CONFIG,
     STEP_ENV,
     ModelShapes,
     chunk_metadata,
@@ -87,7 +90,7 @@ def test_groups_split_like_vllm():
 def test_generic_mamba2_config_and_config_path(tmp_path):
     cfg = {"model_type": "mamba2", "num_heads": 48, "head_dim": 64, "n_groups": 1,
            "state_size": 128, "conv_kernel": 4, "chunk_size": 256, "torch_dtype": "float16"}
-    (tmp_path / "config.json").write_text(json.dumps({"text_config": cfg}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava_mamba2", "text_config": cfg}))
     s = load_shapes(str(tmp_path))
     assert (s.num_heads, s.d_state, s.chunk_size, s.ssm_state_dtype) == (48, 128, 256, "float16")
     with pytest.raises(BadInput, match="unknown model"):

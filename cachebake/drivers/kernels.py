@@ -36,35 +36,6 @@ from cachebake.errors import BadInput
 
 STEP_ENV = "CACHEBAKE_STEP"
 
-# nvidia/Nemotron-H-8B-Base-8K config.json, the fields the Mamba2 mixer reads (hidden 4096,
-# in_proj 4096 -> 18560 = 2*8192 + 2*8*128 + 128).  NemotronH's vLLM config class defaults
-# the SSM state cache to float32 (models/config.py NemotronHForCausalLMConfig).
-NEMOTRON_H_8B_CONFIG: dict = {
-    "architectures": ["NemotronHForCausalLM"],
-    "model_type": "nemotron_h",
-    "hidden_size": 4096,
-    "num_hidden_layers": 52,
-    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
-    "mamba_num_heads": 128,
-    "mamba_head_dim": 64,
-    "n_groups": 8,
-    "ssm_state_size": 128,
-    "conv_kernel": 4,
-    "chunk_size": 128,
-    "expand": 2,
-    "mamba_hidden_act": "silu",
-    "use_conv_bias": True,
-    "use_bias": False,
-    "layer_norm_epsilon": 1e-05,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 8192,
-}
-
-MODEL_CONFIGS: dict[str, dict] = {
-    "nemotron-h": NEMOTRON_H_8B_CONFIG,
-    "nemotron-h-8b": NEMOTRON_H_8B_CONFIG,
-}
-
 # config.json spellings of each field across Mamba2-family models (NemotronH, Mamba2, Bamba /
 # Granite-4 / FalconH1), first match wins.
 _KEYS = {
@@ -306,27 +277,40 @@ def chunk_metadata(chunk_size: int, computed: tuple[int, ...], lens: tuple[int, 
 
 
 def load_shapes(model: str, tp: int = 1) -> ModelShapes:
-    """A known model name, or a path to a config.json (or a directory holding one)."""
-    if model in MODEL_CONFIGS:
-        return ModelShapes.from_config(MODEL_CONFIGS[model], tp, name=model)
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise BadInput(f"unknown model {model!r}: not one of {sorted(MODEL_CONFIGS)} "
-                       "and not a config.json")
-    cfg = json.loads(path.read_text())
+    """A recipe (``nemotron-h``, ``granite-4.0-h:tiny``), a model directory or a config.json:
+    cachebake.recipes resolves all three, so the kernels and vllm drivers read one model."""
+    from cachebake.recipes import load_recipe
+
+    recipe = load_recipe(model)
+    cfg = recipe.hf_config
     if "text_config" in cfg and not any(k in cfg for k in _KEYS["num_heads"]):
         cfg = cfg["text_config"]  # multimodal wrappers keep the language model's config inside
-    return ModelShapes.from_config(cfg, tp, name=str(model))
+    return ModelShapes.from_config(cfg, tp, name=recipe.name)
 
 
-def run_sweep(model: str = "nemotron-h", tp: int = 1, *, max_num_seqs: int = 256,
-              max_num_batched_tokens: int = 8192,
+def sweep_limits(model: str, tp: int | None = None, serve_args=None) -> tuple[int, int, int]:
+    """(tp, max_num_seqs, max_num_batched_tokens): the recipe's serving defaults, overridden
+    by ``serve_args`` (dict, JSON or ``vllm serve`` flags) and ``tp``."""
+    from cachebake.drivers.vllm_args import parse_serve_args
+    from cachebake.recipes import load_recipe
+
+    args = dict(load_recipe(model).serve_args)
+    if serve_args:
+        args.update(parse_serve_args(serve_args) if isinstance(serve_args, str) else serve_args)
+    tp = tp if tp is not None else int(args.get("tensor_parallel_size", 1))
+    return tp, int(args.get("max_num_seqs", 256)), int(args.get("max_num_batched_tokens", 8192))
+
+
+def run_sweep(model: str = "nemotron-h", tp: int | None = None, *, serve_args=None,
+              max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
               on_case: Callable[[SweepCase], None] | None = None, verbose: bool = True) -> None:
-    """Run one round of the sweep on the current CUDA device, each case labeled."""
+    """Run one round of the sweep on the current CUDA device, each case labeled.  Limits come
+    from the recipe's serve args unless given."""
     import torch
 
+    tp, seqs, tokens = sweep_limits(model, tp, serve_args)
+    max_num_seqs = max_num_seqs or seqs
+    max_num_batched_tokens = max_num_batched_tokens or tokens
     shapes = load_shapes(model, tp)
     cases = plan_sweep(shapes, tp, max_num_seqs, max_num_batched_tokens)
     from cachebake.drivers.mamba2_ops import Mamba2Mixer
@@ -353,17 +337,19 @@ def run_sweep(model: str = "nemotron-h", tp: int = 1, *, max_num_seqs: int = 256
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m cachebake.drivers.kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="nemotron-h", help="known name or path to config.json")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--tp", type=int, default=None)
+    ap.add_argument("--serve-args", default=None, help="JSON or vllm serve flags (default: the recipe's)")
+    ap.add_argument("--max-num-seqs", type=int, default=None)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--plan", action="store_true", help="print the cases and exit (no GPU)")
     args = ap.parse_args(argv)
     if args.plan:
-        for case in plan_sweep(load_shapes(args.model, args.tp), args.tp, args.max_num_seqs,
-                               args.max_num_batched_tokens):
+        tp, seqs, tokens = sweep_limits(args.model, args.tp, args.serve_args)
+        for case in plan_sweep(load_shapes(args.model, tp), tp, args.max_num_seqs or seqs,
+                               args.max_num_batched_tokens or tokens):
             print(case.label)
         return
-    run_sweep(args.model, args.tp, max_num_seqs=args.max_num_seqs,
+    run_sweep(args.model, args.tp, serve_args=args.serve_args, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens)
 
 

@@ -1,0 +1,293 @@
+"""The ``vllm`` driver: boot the real vLLM engine with dummy weights, then send the request plan.
+
+A bake must compile exactly what the serving vLLM compiles.  So the driver starts vLLM's own
+``LLM`` engine with the serve args unchanged, in the pinned bake environment (the Triton/vLLM/
+FlashInfer cache roots the server will use), with ``load_format="dummy"`` (weights never enter a
+kernel key), ``skip_tokenizer_init=True`` (prompts are token ids) and ``HF_HUB_OFFLINE=1`` (no
+download).  The recipe's ``config.json`` is written into the model directory the *server* will
+use: the model path string enters torch.compile's cache key, so it is recorded in the manifest.
+
+vLLM's startup runs its own warmups (profile run, JIT warmup registry, CUDA graph capture); then
+the plan from ``vllm_plan.plan_requests`` drives what only traffic reaches.  Each round is one
+fresh process, so in-memory caches never hide a disk miss: ``run_warmup`` is the round body that
+``cachebake build --driver vllm`` starts (``drivers.command``), under the compile monitor, until
+a round compiles nothing; ``run_round`` runs one round as a child process on its own
+(``python -m cachebake.drivers.vllm_engine SPEC REPORT``).
+
+Nothing here fakes the engine: without vLLM (or without a GPU) a round fails with the child's
+own error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachebake.capture.env import MONITOR_LOG_ENV
+from cachebake.drivers.vllm_args import (BAKE_ONLY, default_model_dir, parse_serve_args, resolve,
+                                         serve_args_to_flags, serve_command, validate_serve_args)
+from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
+                                         limits_from_vllm_config, plan_requests, plan_summary)
+from cachebake.errors import BadInput, CommandFailed
+from cachebake.recipes import Recipe
+from cachebake.roles import ROLE_ENV
+
+# What every vLLM bake process runs with besides the pinned cache roots: no network, no telemetry.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def config_bytes(hf_config: dict[str, Any]) -> bytes:
+    return (json.dumps(hf_config, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_model_dir(recipe: Recipe, model_dir: os.PathLike | str) -> Path:
+    """Put the recipe's config.json at ``model_dir`` (absolute; the path the server will use).
+
+    An existing config.json is kept only if it describes the same model: a bake never
+    overwrites a real model's config with different hyperparameters."""
+    d = Path(model_dir)
+    if not d.is_absolute():
+        raise BadInput(f"model dir {model_dir} must be absolute: the path enters torch.compile's "
+                       "cache key, so it must be the path the server uses")
+    path = d / "config.json"
+    data = config_bytes(recipe.hf_config)
+    if path.exists():
+        try:
+            existing = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise BadInput(f"{path} exists and is not readable JSON: {e}") from e
+        if existing != recipe.hf_config:
+            raise BadInput(f"{path} already holds a different config; bake into an empty directory "
+                           "or use --model with that directory")
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return d
+
+
+def engine_kwargs(model_dir: os.PathLike | str, serve_args: dict[str, Any]) -> dict[str, Any]:
+    """The exact ``LLM(...)`` / ``EngineArgs(...)`` arguments of a bake."""
+    validate_serve_args(serve_args)
+    return {"model": os.fspath(model_dir), **BAKE_ONLY, **serve_args}
+
+
+def bake_environment(env: dict[str, str]) -> dict[str, str]:
+    """The child's environment: the pinned bake env (``capture.env.BakeEnv.env``) + offline."""
+    return {**env, **OFFLINE_ENV}
+
+
+@dataclass
+class BatchResult:
+    label: str
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    seconds: float
+
+
+@dataclass
+class VllmRoundReport:
+    """One fresh-process round: engine startup, then the plan."""
+
+    model_dir: str
+    serve_args: dict[str, Any]
+    startup_seconds: float = 0.0
+    seconds: float = 0.0
+    limits: dict[str, Any] = field(default_factory=dict)
+    batches: list[BatchResult] = field(default_factory=list)
+    vllm_version: str | None = None
+    returncode: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "VllmRoundReport":
+        d = dict(d)
+        d["batches"] = [BatchResult(**b) for b in d.get("batches", [])]
+        return cls(**d)
+
+
+def bake_record(recipe: Recipe, serve_args: dict[str, Any], model_dir: str,
+                serve_env: dict[str, str], report: VllmRoundReport | None = None) -> dict[str, Any]:
+    """The manifest's ``bake`` section for a vLLM bake: what `serve-args` and `inspect` show."""
+    model = recipe.identity()
+    model["path"] = model_dir
+    model["config_sha256"] = hashlib.sha256(config_bytes(recipe.hf_config)).hexdigest()
+    rec: dict[str, Any] = {
+        "driver": "vllm",
+        "model": model,
+        "serve_args": dict(serve_args),
+        "serve_env": dict(serve_env),
+        "vllm_flags": serve_args_to_flags(serve_args),
+    }
+    if report is not None:
+        rec["vllm_version"] = report.vllm_version
+        rec["engine_limits"] = report.limits
+        rec["plan"] = [asdict(b) for b in report.batches]
+    return rec
+
+
+def run_round(recipe: Recipe, serve_args: dict[str, Any], *, model_dir: os.PathLike | str,
+              env: dict[str, str], workdir: os.PathLike | str, python: str = sys.executable,
+              timeout: float | None = None) -> VllmRoundReport:
+    """Run one bake round in a fresh process; raise CommandFailed with the log's tail if it fails."""
+    validate_serve_args(serve_args)
+    mdir = write_model_dir(recipe, model_dir)
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, report_path, log_path = work / "spec.json", work / "report.json", work / "vllm.log"
+    report_path.unlink(missing_ok=True)
+    spec = {"engine_kwargs": engine_kwargs(mdir, serve_args), "hf_config": recipe.hf_config,
+            "serve_args": serve_args}
+    spec_path.write_text(json.dumps(spec, indent=2))
+    with open(log_path, "ab") as log:
+        try:
+            proc = subprocess.run([python, "-m", "cachebake.drivers.vllm_engine",
+                                   str(spec_path), str(report_path)],
+                                  env=bake_environment(env), stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandFailed(f"vllm round timed out after {timeout:.0f} s (log: {log_path})") from None
+    if proc.returncode != 0 or not report_path.exists():
+        raise CommandFailed(f"vllm round failed (exit {proc.returncode}; log: {log_path}): "
+                            + _root_cause(log_path.read_text(errors="replace")))
+    return VllmRoundReport.from_dict(json.loads(report_path.read_text()))
+
+
+def _root_cause(log: str) -> str:
+    """The error lines of a failed round's log (vLLM reports the real cause in its worker's
+    lines, well before the final 'Engine core initialization failed')."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    errs = [ln for ln in lines if ("Error:" in ln or "Exception:" in ln) and "plugin" not in ln]
+    seen: list[str] = []
+    for ln in errs:
+        if ln not in seen:
+            seen.append(ln)
+    if len(seen) > 3:  # the first errors are the cause, the last one says where it surfaced
+        seen = seen[:2] + seen[-1:]
+    return " | ".join(seen) if seen else " | ".join(lines[-6:])
+
+
+def _send(llm: Any, batch: RequestBatch, vocab_size: int) -> BatchResult:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in batch.prompts(vocab_size)]
+    params = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, temperature=0.0,
+                            detokenize=False)
+    t0 = time.monotonic()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return BatchResult(batch.label, batch.num_requests, batch.prompt_tokens, n_out,
+                       round(time.monotonic() - t0, 3))
+
+
+def _step(label: str):
+    """The compile monitor's step label (capture.monitor), when that module is present.
+
+    vLLM runs the model in its EngineCore process, started during ``LLM(...)``; labels set
+    later reach only this front-end process (events still carry times to match batches by)."""
+    try:
+        from cachebake.capture.monitor import step
+    except ImportError:
+        return contextlib.nullcontext()
+    return step(label)
+
+
+def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
+           serve_args: dict[str, Any]) -> VllmRoundReport:
+    """In this process (already in the bake env): build the engine, send the plan."""
+    os.environ.update(OFFLINE_ENV)  # before vLLM / huggingface_hub read them at import
+    t0 = time.monotonic()
+    with _step("vllm-startup"):
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(**kwargs)
+    startup = time.monotonic() - t0
+    limits = limits_from_vllm_config(llm.llm_engine.vllm_config, hf_config)
+    vocab = int(hf_config.get("vocab_size") or 32000)
+    report = VllmRoundReport(model_dir=kwargs["model"], serve_args=serve_args,
+                             startup_seconds=round(startup, 3), limits=limits.to_dict(),
+                             vllm_version=getattr(vllm, "__version__", None))
+    for batch in plan_requests(hf_config, serve_args, limits):
+        with _step(f"plan:{batch.label}"):
+            report.batches.append(_send(llm, batch, vocab))
+        print(f"cachebake: {batch.label}: {report.batches[-1].seconds} s", flush=True)
+    report.seconds = round(time.monotonic() - t0, 3)
+    return report
+
+
+def prepare(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
+            model_dir: str | None = None) -> tuple[Recipe, dict[str, Any], Path]:
+    """``vllm_args.resolve`` (recipe, serve args, model dir), with the config.json written."""
+    recipe, args, mdir = resolve(model, tp, serve_args=serve_args, model_dir=model_dir)
+    return recipe, args, write_model_dir(recipe, mdir)
+
+
+def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
+               serve_args: dict[str, Any] | str | None = None, model_dir: str | None = None,
+               report: str | None = None) -> VllmRoundReport:
+    """One round in this process: the entry point of ``--driver vllm`` rounds
+    (``cachebake.drivers.command``'s in-process driver runs it inside the bake env).
+
+    ``model``: a recipe (``name[:variant]``), a model dir or a config.json.  Serve args: the
+    recipe's defaults, updated by ``serve_args`` (dict, JSON or ``vllm serve`` flags); ``tp``
+    overrides tensor_parallel_size when given.  ``model_dir``: the path the server will use
+    (default ``default_model_dir``).
+
+    Writes the bake record (``bake_record``: model identity and path, the exact serve args, the
+    limits vLLM resolved, the plan's batches) to ``report``, or else beside the compile
+    monitor's log as ``vllm-bake.json``, for the build to put in the manifest."""
+    recipe, args, mdir = prepare(model, tp, serve_args=serve_args, model_dir=model_dir)
+    result = warmup(engine_kwargs(mdir, args), recipe.hf_config, args)
+    serve_env = {v: os.environ[v] for v in (*ROLE_ENV.values(), "TRITON_CACHE_AUTOTUNING")
+                 if v in os.environ}
+    record = bake_record(recipe, args, str(mdir), serve_env, result)
+    monitor_log = os.environ.get(MONITOR_LOG_ENV)
+    out = report or (str(Path(monitor_log).parent / "vllm-bake.json") if monitor_log else None)
+    if out:
+        _write_json(out, record)
+    return result
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def child_main(spec_path: str, report_path: str) -> int:
+    """``run_round``'s child: runs inside the bake environment, writes the report."""
+    spec = json.loads(Path(spec_path).read_text())
+    result = warmup(spec["engine_kwargs"], spec["hf_config"], spec["serve_args"])
+    _write_json(report_path, result.to_dict())
+    return 0
+
+
+__all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "default_model_dir",
+           "engine_kwargs", "limits_from_serve_args", "parse_serve_args", "plan_requests",
+           "plan_summary", "run_round", "run_warmup", "serve_args_to_flags", "serve_command",
+           "validate_serve_args", "write_model_dir"]
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print("usage: python -m cachebake.drivers.vllm_engine SPEC.json REPORT.json", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(child_main(sys.argv[1], sys.argv[2]))

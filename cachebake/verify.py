@@ -1,0 +1,97 @@
+"""``cachebake verify``: run one warmup round against an installed cache and prove the server
+would not compile.
+
+The round runs exactly as a server would: the installed cache's roles handed over through the
+same variables install uses (``capture.env.bake_env`` -> ``roles.serving_env``), a fresh
+process, and the compile monitor on.  Any real compile, autotune benchmark or helper build
+means the bake missed something (another shape, another path, another env): verify lists each
+one and fails with ``CompilesSeen``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachebake.build import RoundReport, no_activity_message, run_round, work_events
+from cachebake.capture.env import ALL_ROLES, bake_env
+from cachebake.capture.events import Event
+from cachebake.errors import BadInput, CommandFailed, CompilesSeen
+from cachebake.progress import RoundProgress
+
+
+@dataclass
+class VerifyReport:
+    cache: str
+    roles: list[str]
+    round: RoundReport
+    work: list[Event] = field(default_factory=list)  # every compile / autotune / helper build
+    invalidating: dict[str, str] = field(default_factory=dict)  # set here; must match the bake
+
+    @property
+    def ok(self) -> bool:
+        return self.round.exit_code == 0 and not self.work
+
+    def lines(self) -> list[str]:
+        """One line per piece of work the server would have done."""
+        return [f"{e.kind:<12} {e.label()}  ({e.seconds:.2f} s, key {e.key or '-'}"
+                f"{', step ' + e.step if e.step else ''})" for e in self.work]
+
+    def to_dict(self) -> dict:
+        return {"cache": self.cache, "roles": self.roles, "ok": self.ok,
+                "invalidating_env_vars": self.invalidating,
+                **self.round.to_dict(),
+                "work": [{k: v for k, v in vars(e).items() if v not in (None, {}, [])}
+                         for e in self.work]}
+
+    def check(self) -> None:
+        """Raise CompilesSeen when the round did any work."""
+        if self.work:
+            s = self.round.summary
+            raise CompilesSeen(
+                f"the cache at {self.cache} is incomplete: {s.compiles} real compiles, "
+                f"{s.autotunes} autotune benchmarks, {s.helper_builds} helper builds "
+                f"({', '.join(s.kernels[:5]) or 'helpers'})"
+                + (f"; note: {', '.join(sorted(self.invalidating))} set here enter every key"
+                   if self.invalidating else ""))
+
+
+def installed_roles(cache: os.PathLike | str) -> list[str]:
+    """The roles present under an installed cache root (a directory per role)."""
+    found = [r for r in ALL_ROLES if os.path.isdir(os.path.join(cache, r))]
+    if not found:
+        raise BadInput(f"{cache}: no cache roles here (expected one of "
+                       f"{', '.join(r + '/' for r in ALL_ROLES)})")
+    return found
+
+
+def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | None = None,
+           progress: RoundProgress | None = None) -> VerifyReport:
+    """Run one round of ``driver`` against ``cache``.  Raises CommandFailed if the round
+    fails; returns the report either way otherwise (``.check()`` raises on work seen)."""
+    cache = os.path.abspath(os.fspath(cache))
+    if not os.path.isdir(cache):
+        raise BadInput(f"{cache}: no such directory")
+    roles = installed_roles(cache)
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-verify-"))
+    work.mkdir(parents=True, exist_ok=True)
+    events_path = work / "events.jsonl"
+    open(events_path, "wb").close()
+    # allow_invalidating: verify reports what is set; the build's warning already covered it
+    benv = bake_env(cache, roles, monitor_log=events_path, allow_invalidating=True)
+    if progress is not None:
+        progress.start_round(1, 1)
+    rnd = run_round(driver, benv.env, str(events_path), 1, str(work), progress)
+    if progress is not None:
+        progress.end_round(rnd)
+        if rnd.exit_code != 0:
+            progress.show_tail(rnd.log)
+    if rnd.exit_code != 0:
+        raise CommandFailed(f"verify: {driver.label()} exited with code {rnd.exit_code} "
+                            f"(output: {rnd.log})")
+    if rnd.summary.seen == 0:
+        raise CommandFailed(no_activity_message(1, rnd.log))
+    return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
+                        invalidating=benv.invalidating)
