@@ -38,9 +38,13 @@ SPECS = [
 
 def main() -> None:
     seen = []
+    previous = triton.knobs.compilation.listener  # e.g. cachebake's monitor under build/verify
 
     def listener(*, src, metadata, metadata_group, times, cache_hit):
         seen.append(bool(cache_hit))
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                     cache_hit=cache_hit)
 
     triton.knobs.compilation.listener = listener
     keys = []

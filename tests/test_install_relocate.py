@@ -64,3 +64,23 @@ def test_repeat_install_is_a_noop_and_new_digest_replaces(baked, tmp_path):
     assert len(list((to / "triton").iterdir())) == 4
     result = compile_kernels(to / "triton")
     assert (result["hits"], result["misses"]) == (3, 0)
+
+
+def test_cachebake_verify_passes_after_install_and_fails_after_a_plain_copy(baked, tmp_path):
+    """End to end with the project's own checker: `cachebake verify` runs the same kernels
+    under the compile monitor against DIR."""
+    from badlayers import layer_blob
+
+    from cachebake.errors import ExitCode
+    from installkit import KERNELS
+
+    to = tmp_path / "served"
+    cli("install", baked["artifact"], "--to", to, "--target", "sm_90", check=True)
+    r = cli("verify", "--cache", to, "--", "python3", KERNELS)
+    assert r.returncode == 0 and "0 compiles, 3 cache hits" in r.stdout, r.stdout + r.stderr
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    subprocess.run(f"zstd -dc {layer_blob(baked['artifact'])} | tar -x -C {plain}", shell=True, check=True)
+    r = cli("verify", "--cache", plain, "--", "python3", KERNELS)
+    assert r.returncode == ExitCode.COMPILES_SEEN and "3 real compiles" in r.stderr, r.stderr
