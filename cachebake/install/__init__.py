@@ -16,6 +16,7 @@ Steps, in order; nothing is written to DIR before step 5:
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -55,10 +56,11 @@ def _pick_target(target: str | None, serving) -> str | None:
     return normalize_target(target or preflight.fingerprint_target(serving))
 
 
-def _load(source, bake, limits: extract.LayerLimits) -> extract.Layer:
-    """Digest, decompression under the bomb guard, every entry checked; writes nothing."""
+def _load(source, bake, limits: extract.LayerLimits, serve_root: str) -> extract.Layer:
+    """Digest, decompression under the bomb guard, every entry checked, group files
+    relocated in memory; writes nothing."""
     with source.open_layer(bake) as compressed:
-        return extract.load_layer(compressed, limits)
+        return extract.load_layer(compressed, limits, relocate.group_rewriter(serve_root))
 
 
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
@@ -99,7 +101,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
     dest.check_space(limits.file_bytes + 4096 * limits.entries)
-    layer = None if report.status == "already installed" else _load(source, bake, limits)
+    layer = None if report.status == "already installed" else _load(source, bake, limits, serve_root)
 
     dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
@@ -109,16 +111,19 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
             report.seconds = round(time.monotonic() - started, 3)
             return report
         report.status = "installed"
-        layer = layer or _load(source, bake, limits)
+        layer = layer or _load(source, bake, limits, serve_root)
         staged = dest.new_staging()
-        stats = extract.extract_layer(layer, str(staged),
-                                      transform=relocate.group_rewriter(serve_root),
-                                      checkpoint=atomic.checkpoint)
-        marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
-                  "serve_at": serve_root, "artifact": report.artifact,
-                  "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "groups_relocated": stats.transformed}
-        version = dest.commit(staged, bake.layer_digest, marker, roles)
+        try:
+            stats = extract.extract_layer(layer, str(staged), checkpoint=atomic.checkpoint)
+            marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
+                      "serve_at": serve_root, "artifact": report.artifact,
+                      "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "groups_relocated": stats.transformed}
+            version = dest.commit(staged, bake.layer_digest, marker, roles)
+        except BaseException:
+            # Disk full, EIO, Ctrl-C: don't leave the half-written tree for the next install.
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
         report.cleaned += dest.clean_leftovers()
     report.status = "replaced" if previous else "installed"
     report.version_dir = str(dest.versions / version)

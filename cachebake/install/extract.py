@@ -31,7 +31,6 @@ own checks run first and are stricter; what they add to the filter, and why:
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import stat
@@ -214,9 +213,10 @@ class Layer:
     tar: bytes
     members: list[tuple[tarfile.TarInfo, int]]  # each checked entry and the mode to write
     stats: LayerStats
+    rewritten: dict[str, bytes] = field(default_factory=dict)  # member name -> bytes to write
 
 
-def load_layer(compressed: BinaryIO, limits: LayerLimits) -> Layer:
+def load_layer(compressed: BinaryIO, limits: LayerLimits, transform: Transform | None = None) -> Layer:
     """Read, verify, decompress and check the whole layer; writes nothing.
 
     The compressed blob is read to EOF through the artifact's digest-verifying reader first,
@@ -224,6 +224,8 @@ def load_layer(compressed: BinaryIO, limits: LayerLimits) -> Layer:
     bytes extracted later (no second read that could differ).  Decompression runs under the
     bomb guard.  The layer is held in memory: bakes are tens to hundreds of MB, and the guard
     bounds it by the manifest's declared size before anything is allocated for it.
+    ``transform`` (group-file relocation) runs here too, so a group file it refuses also
+    leaves DIR untouched.
     """
     if limits.tar_size > MAX_TAR_BYTES:
         raise UnsafeArtifact(f"layer declares {limits.tar_size} bytes, over the "
@@ -237,7 +239,7 @@ def load_layer(compressed: BinaryIO, limits: LayerLimits) -> Layer:
     guard.compressed_read = len(blob)
     chunks = []
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(bytes(blob), read_size=CHUNK,
+        reader = zstandard.ZstdDecompressor().stream_reader(blob, read_size=CHUNK,
                                                              read_across_frames=True)
         while chunk := reader.read(CHUNK):
             guard.count_tar(chunk)  # raises past the declared size / ratio, before we grow more
@@ -254,11 +256,16 @@ def load_layer(compressed: BinaryIO, limits: LayerLimits) -> Layer:
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
         raise CorruptArtifact(f"layer stream is damaged or truncated: {e}") from None
     guard.finish()
-    return Layer(tar_bytes, members, guard.stats)
+    rewritten = {}
+    for m, _ in members:
+        rewrite = transform(m.name) if transform is not None and m.isreg() else None
+        if rewrite is not None:
+            rewritten[m.name] = rewrite(tar_bytes[m.offset_data:m.offset_data + m.size])
+    guard.stats.transformed = len(rewritten)
+    return Layer(tar_bytes, members, guard.stats, rewritten)
 
 
 def extract_layer(layer: Layer, dest: str,
-                  transform: Transform | None = None,
                   checkpoint: Callable[[str], None] = lambda _: None) -> LayerStats:
     """Write a loaded layer into ``dest``, a fresh empty directory we own.
 
@@ -266,7 +273,6 @@ def extract_layer(layer: Layer, dest: str,
     anywhere but below ``dest``.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    stats = dataclasses.replace(layer.stats, transformed=0)
     data = memoryview(layer.tar)
     made = {dest}
     umask = os.umask(0o022)
@@ -283,11 +289,9 @@ def extract_layer(layer: Layer, dest: str,
                 os.chmod(path, 0o755)
             made.add(path)
         else:
-            content = data[m.offset_data:m.offset_data + m.size]
-            rewrite = transform(m.name) if transform is not None else None
-            if rewrite is not None:
-                content = rewrite(bytes(content))
-                stats.transformed += 1
+            content = layer.rewritten.get(m.name)
+            if content is None:
+                content = data[m.offset_data:m.offset_data + m.size]
             fd = os.open(path, flags, mode)
             try:
                 if mode & umask:  # the umask dropped bits the server needs
@@ -296,4 +300,4 @@ def extract_layer(layer: Layer, dest: str,
             finally:
                 os.close(fd)
         checkpoint("entry")
-    return stats
+    return layer.stats
