@@ -177,3 +177,14 @@ def test_dir_in_the_way_is_bad_input(baked, tmp_path):
     r = cli("install", baked["artifact"], "--to", to, "--target", "sm_90")
     assert r.returncode == ExitCode.BAD_INPUT and "not managed by cachebake" in r.stderr
     assert tree_state(to) == before
+
+
+def test_a_cache_invalidating_variable_set_here_is_a_preflight_difference(baked, tmp_path):
+    """The real environment, no file: TRITON_DEFAULT_FP_FUSION enters every Triton key."""
+    from installkit import env_with
+
+    r = cli("install", baked["artifact"], "--to", tmp_path / "c", "--target", "sm_90",
+            env=env_with(TRITON_DEFAULT_FP_FUSION="0"))
+    assert r.returncode == ExitCode.PREFLIGHT
+    assert "TRITON_DEFAULT_FP_FUSION" in r.stderr and "--fingerprint FILE" in r.stderr
+    assert not (tmp_path / "c").exists()

@@ -77,7 +77,8 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                           f"not one this cachebake reads ({', '.join(map(str, FORMAT_VERSIONS))}); "
                           "upgrade cachebake")
     roles = list(manifest.get("roles") or [])
-    mismatches = preflight.check(manifest, serving, allow_mismatch)
+    mismatches = preflight.check(manifest, serving, allow_mismatch,
+                                 checked_this_process=fingerprint_file is None)
 
     dest = atomic.InstallDir(to)
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
@@ -100,8 +101,10 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
         return report
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
-    dest.check_space(limits.file_bytes + 4096 * limits.entries)
-    layer = None if report.status == "already installed" else _load(source, bake, limits, serve_root)
+    layer = None
+    if report.status != "already installed":  # (only leftovers to clean otherwise)
+        dest.check_space(limits.file_bytes + 4096 * limits.entries)
+        layer = _load(source, bake, limits, serve_root)
 
     dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):

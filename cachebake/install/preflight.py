@@ -53,7 +53,7 @@ def fingerprint_target(fingerprint) -> str | None:
     return target
 
 
-def check(manifest: dict, serving, allow_mismatch: bool) -> list[str]:
+def check(manifest: dict, serving, allow_mismatch: bool, checked_this_process: bool = False) -> list[str]:
     """Return the difference lines (warnings) or raise PreflightMismatch."""
     fp = _fingerprint_api()
     try:
@@ -65,5 +65,7 @@ def check(manifest: dict, serving, allow_mismatch: bool) -> list[str]:
         raise PreflightMismatch(
             f"bake for {manifest.get('target')} was made for another environment "
             f"({len(lines)} difference{'s' * (len(lines) > 1)}); nothing installed "
-            "(--allow-mismatch installs anyway):\n" + "\n".join(f"  {line}" for line in lines))
+            "(--allow-mismatch installs anyway):\n" + "\n".join(f"  {line}" for line in lines)
+            + ("\n(checked against this process; if the server runs another image, pass "
+               "--fingerprint FILE from `cachebake fingerprint` run in it)" if checked_this_process else ""))
     return lines
