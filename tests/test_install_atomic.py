@@ -150,3 +150,40 @@ def test_non_root_install_from_a_read_only_source(baked, fp_file):
             if p.is_dir() and not p.is_symlink():
                 p.chmod(0o755)
         shutil.rmtree(base)
+
+
+def _can_unshare_mounts() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
+        return False
+    r = subprocess.run(["unshare", "-m", "sh", "-c", "mount -o remount,bind,ro / 2>/dev/null || "
+                        "mount --bind / / && mount -o remount,bind,ro /"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs root, unshare -m and setpriv")
+def test_read_only_root_filesystem_as_nobody_into_a_writable_volume(baked, fp_file):
+    """The init-container shape: root filesystem read-only, one writable volume, uid 65534."""
+    base = _nobody_dir()
+    try:
+        vol = base / "vol"
+        vol.mkdir()
+        os.chown(vol, 65534, 65534)
+        fp = base / "fp.json"
+        shutil.copy(fp_file, fp)
+        fp.chmod(0o444)
+        art = base / "art"
+        shutil.copytree(baked["artifact"], art)
+        for p in [art, *art.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o444)
+        script = (f"mount --bind {vol} {vol} && mount -o remount,bind,ro / && "
+                  f"! touch {base}/probe 2>/dev/null && cd / && "
+                  f"exec setpriv --reuid=65534 --regid=65534 --clear-groups "
+                  f"{sys.executable} -m cachebake.cli install {art} --to {vol} --fingerprint {fp} --json")
+        r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
+                           env=env_with(PYTHONDONTWRITEBYTECODE=1))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["status"] == "installed"
+        result = compile_kernels(vol / "triton")
+        assert (result["hits"], result["misses"]) == (3, 0)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
