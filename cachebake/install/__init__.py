@@ -83,8 +83,8 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     dest = atomic.InstallDir(to)
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     report = InstallReport(
-        status="installed", artifact=os.fspath(artifact), target=bake.target if hasattr(bake, "target")
-        else str(manifest.get("target")), layer_digest=bake.layer_digest, to=str(dest.root),
+        status="installed", artifact=os.fspath(artifact), target=bake.target,
+        layer_digest=bake.layer_digest, to=str(dest.root),
         serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
     dest.check_usable(roles)
 
@@ -101,10 +101,13 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
         return report
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
-    layer = None
-    if report.status != "already installed":  # (only leftovers to clean otherwise)
+
+    def load() -> extract.Layer:
         dest.check_space(limits.file_bytes + 4096 * limits.entries)
-        layer = _load(source, bake, limits, serve_root)
+        return _load(source, bake, limits, serve_root)
+
+    # Load before taking the lock: racing installs verify in parallel, only writes take turns.
+    layer = None if report.status == "already installed" else load()
 
     dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
@@ -114,7 +117,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
             report.seconds = round(time.monotonic() - started, 3)
             return report
         report.status = "installed"
-        layer = layer or _load(source, bake, limits, serve_root)
+        layer = layer or load()
         staged = dest.new_staging()
         try:
             stats = extract.extract_layer(layer, str(staged), checkpoint=atomic.checkpoint)
