@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +33,9 @@ def normalize_target(target: str | None) -> str | None:
 
 def open_source(path: str):
     p = Path(path)
+    if not p.exists() and re.match(r"^[a-z][a-z0-9+.-]*://|^[\w.-]+(:\d+)?/[\w./-]+[:@]", path):
+        raise Unsupported(f"{path}: registry references are not read yet; fetch it first, e.g. "
+                          f"`skopeo copy docker://{path.split('://')[-1]} oci:./bake`, and install ./bake")
     if not p.exists():
         raise BadInput(f"{path}: no such artifact")
     if p.is_file() and p.name.endswith((".tar.zst", ".tzst")):
