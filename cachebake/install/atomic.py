@@ -21,6 +21,9 @@ resolving to the old tree (or nothing, on a first install) or to the complete ne
 next installer, holding the lock, deletes staging dirs, temporary links, versions other than
 ``current`` and role links that ``current`` no longer backs.
 
+The lock is flock(2): reliable on local filesystems (emptyDir, hostPath); on NFS it depends on
+the server's lock support.
+
 Files a server writes into the cache later (a kernel the bake missed) land in the current
 version directory and go away with it when a new bake is installed.
 """
