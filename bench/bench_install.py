@@ -24,16 +24,16 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 NOTES = """Reading it: on the disk, creating the files is the floor for both (openat with O_CREAT is ~70% of
 `tar -x`'s system time here, and neither threads nor dir fds make it cheaper on this disk).
-cachebake install pays for what the pipeline skips or overlaps: it verifies the digest, decompresses and
+cachebake install pays for what the pipeline skips: it verifies the digest, decompresses and
 checks every entry *before* writing anything (so a bad layer leaves DIR untouched), then
 writes, relocates the group files, syncs the filesystem once (syncfs) and switches one
 symlink.  `zstd -d | tar -x` decompresses on one core while tar writes on the other, and
 neither checks nor syncs.  A repeat install is a marker check and costs only Python's start.
 This VM's disk speed drifts a lot between runs (the same `tar -x` took 0.11-0.57 s over the
 day), so read the columns against each other within one table: rounds are interleaved.  tmpfs
-shows the CPU cost alone: ~0.15 s more than tar for this cache, spent decompressing before
-the first write (~0.06 s; tar's pipeline overlaps it), tarfile's header parsing (~0.05 s) and
-the PEP 706 data filter's realpath() per entry (~0.04 s)."""
+shows the CPU cost alone: ~0.12 s more than tar for this cache, mostly tarfile's header parsing
+(~0.05 s) and the PEP 706 data filter's realpath() per entry (~0.04 s); decompression runs on a
+helper thread while the headers are checked (cachebake/install/inflate.py)."""
 
 
 def cache_stats(triton_dir: Path) -> tuple[int, int, int]:
