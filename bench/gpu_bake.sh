@@ -74,7 +74,8 @@ VER=$(readlink -f "$TCD")
 chmod -R a-w "$(dirname "$VER")"
 for d in "$SRC" "$OPS" ${SITE:+"$SITE"}; do chmod -R o+rX "$d"; p=$d; while [ "$p" != / ]; do chmod o+x "$p"; p=$(dirname "$p"); done; done
 mkdir -p /tmp/nobody && chown 65534:65534 /tmp/nobody
-sweep readonly_nobody "$TCD" setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp/nobody
+AS_NOBODY=(python3 -c 'import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); os.execvp(sys.argv[1], sys.argv[1:])')
+sweep readonly_nobody "$TCD" "${AS_NOBODY[@]}" env HOME=/tmp/nobody
 touch "$TCD/probe" 2>/dev/null && echo "WARNING: cache still writable" || echo "cache is read-only"
 
 du -sb "$A/triton" | tee -a "$LOGS/steps.log"
