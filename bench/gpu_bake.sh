@@ -74,8 +74,9 @@ VER=$(readlink -f "$TCD")
 chmod -R a-w "$(dirname "$VER")"
 for d in "$SRC" "$OPS" ${SITE:+"$SITE"}; do chmod -R o+rX "$d"; p=$d; while [ "$p" != / ]; do chmod o+x "$p"; p=$(dirname "$p"); done; done
 mkdir -p /tmp/nobody && chown 65534:65534 /tmp/nobody
-sweep readonly_nobody "$TCD" setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp/nobody
-touch "$TCD/probe" 2>/dev/null && echo "WARNING: cache still writable" || echo "cache is read-only"
+AS_NOBODY=(python3 -c 'import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); os.execvp(sys.argv[1], sys.argv[1:])')
+sweep readonly_nobody "$TCD" "${AS_NOBODY[@]}" env HOME=/tmp/nobody
+"${AS_NOBODY[@]}" touch "$TCD/probe" 2>/dev/null && echo "WARNING: uid 65534 can write the cache" || echo "the cache is read-only for uid 65534"
 
 du -sb "$A/triton" | tee -a "$LOGS/steps.log"
 python3 "$SRC/bench/gpu_table.py" "$RES" "$LOGS/inspect.json" "$LOGS/build.out" "$LOGS/verify.out" | tee "$OUT/table.md"

@@ -36,6 +36,7 @@ def main(res_path, inspect_path, build_path, verify_path):
     v = load(verify_path) or {}
     ro = rows.get("readonly_nobody", {})
     print("| measure | value |\n| --- | --- |")
+    print(f"| start-up before the first kernel (torch, CUDA context, buffers; median) | {statistics.median(r['startup_s'] for r in rows.values() if 'startup_s' in r):.2f} s, not in the sweep times |")
     print(f"| cold sweep (empty cache) | {cold.get('sweep_s')} s, {cold.get('compiles')} compiles, {cold.get('autotunes')} autotune benchmarks |")
     print(f"| restored sweep at another path (median of 3) | {restored:.3f} s, {total('restored', 'compiles')} compiles, {total('restored', 'autotunes')} autotune benchmarks |")
     print(f"| same-path warm sweep (median of 3) | {warm:.3f} s, {total('warm', 'compiles')} compiles |")

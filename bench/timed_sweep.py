@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """One kernels-driver sweep in this (fresh) process, timed and counted by cachebake's monitor.
 
-Prints one JSON line: sweep seconds (the sweep alone, synchronized per case), process seconds
-(interpreter start to end, torch import and CUDA start-up included), and the monitor's counts
+Prints one JSON line: sweep seconds (first case start to last case end, synchronized per case:
+the kernels' own time, compiles and loads included), start-up seconds (torch import, CUDA
+context, buffers: the same in every run, cache or not), process seconds (interpreter start to
+end), and the monitor's counts
 of real compiles, file-cache hits, autotune benchmarks and helper builds.  TRITON_CACHE_DIR and
 TRITON_CACHE_AUTOTUNING come from the environment, as they would for a server.
 
@@ -31,11 +33,13 @@ def main() -> None:
     from cachebake.drivers.kernels import run_sweep
 
     t = time.perf_counter()
-    run_sweep(a.model, verbose=False)
-    sweep = time.perf_counter() - t
+    first: list[float] = []
+    run_sweep(a.model, verbose=False, on_case=lambda case: first or first.append(time.perf_counter()))
+    end = time.perf_counter()
+    sweep, startup = end - first[0], first[0] - t
     s = monitor.summary(a.log)
     print(json.dumps({"label": a.label, "cache": os.environ.get("TRITON_CACHE_DIR"),
-                      "sweep_s": round(sweep, 3), "process_s": round(time.perf_counter() - T_START, 3),
+                      "sweep_s": round(sweep, 3), "startup_s": round(startup, 3), "process_s": round(time.perf_counter() - T_START, 3),
                       "compiles": s.compiles, "cache_hits": s.cache_hits, "autotunes": s.autotunes,
                       "helper_builds": s.helper_builds, "uid": os.getuid()}), flush=True)
 
