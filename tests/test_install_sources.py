@@ -31,7 +31,7 @@ def test_bare_tar_zst_with_its_manifest(baked, tmp_path):
     data[100] ^= 1
     layer.write_bytes(bytes(data))
     r = cli("install", layer, "--to", tmp_path / "d", "--target", "sm_90")
-    assert r.returncode == ExitCode.CORRUPT and "does not match digest" in r.stderr
+    assert r.returncode == ExitCode.CORRUPT and "does not match its digest" in r.stderr
     assert not (tmp_path / "d").exists()
 
 

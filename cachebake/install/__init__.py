@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from cachebake.errors import Unsupported
 from cachebake.install import atomic, extract, preflight, relocate
-from cachebake.install.source import normalize_target, open_source
+from cachebake.install.source import open_source
 from cachebake.roles import serving_env
 
 FORMAT_VERSIONS = (1,)
@@ -52,8 +52,9 @@ class InstallReport:
         return asdict(self)
 
 
-def _pick_target(target: str | None, serving) -> str | None:
-    return normalize_target(target or preflight.fingerprint_target(serving))
+def _pick_target(target: str | None, serving) -> str:
+    """``--target``, else the serving fingerprint's (the visible GPU's, or the file's)."""
+    return target or serving.target
 
 
 def _load(source, bake, limits: extract.LayerLimits, serve_root: str) -> extract.Layer:

@@ -9,58 +9,26 @@ passes.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from cachebake.errors import BadInput, CorruptArtifact, PreflightMismatch
+from cachebake.artifact.fingerprint import Fingerprint, compare_fingerprints, current_fingerprint
+from cachebake.errors import CorruptArtifact, PreflightMismatch
 
 
-def _fingerprint_api():
-    from cachebake.artifact import fingerprint
-    return fingerprint
-
-
-def load_serving_fingerprint(fingerprint_file: str | None, target: str | None):
-    """The fingerprint to check against: ``fingerprint_file`` if given, else this process."""
-    fp = _fingerprint_api()
-    if fingerprint_file is not None and hasattr(fp.Fingerprint, "load"):
-        return fp.Fingerprint.load(fingerprint_file)
+def load_serving_fingerprint(fingerprint_file: str | None, target: str | None) -> Fingerprint:
+    """The fingerprint to check against: ``fingerprint_file`` if given, else this process
+    (which imports Triton; with a file, an init container needs no Triton at all)."""
     if fingerprint_file is not None:
-        try:
-            data = json.loads(Path(fingerprint_file).read_text())
-        except OSError as e:
-            raise BadInput(f"--fingerprint {fingerprint_file}: {e.strerror}") from None
-        except ValueError as e:
-            raise BadInput(f"--fingerprint {fingerprint_file}: not JSON ({e})") from None
-        data = data.get("fingerprint", data)  # accept a whole manifest too
-        try:
-            return fp.Fingerprint.from_dict(data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise BadInput(f"--fingerprint {fingerprint_file}: not a cachebake fingerprint ({e})") from None
-    try:
-        return fp.current_fingerprint(target)
-    except ImportError as e:
-        raise BadInput(f"cannot read this environment's fingerprint ({e}); pass --fingerprint FILE "
-                       "written by `cachebake fingerprint` in the serving image") from None
+        return Fingerprint.load(fingerprint_file)
+    return current_fingerprint(target)
 
 
-def fingerprint_target(fingerprint) -> str | None:
-    target = getattr(fingerprint, "target", None)
-    if target is None and hasattr(fingerprint, "to_dict"):
-        target = fingerprint.to_dict().get("target")
-    if isinstance(target, dict):  # tolerate {"backend": "cuda", "arch": 90, ...}
-        target = target.get("name") or f"{target.get('backend')}:{target.get('arch')}"
-    return target
-
-
-def check(manifest: dict, serving, allow_mismatch: bool, checked_this_process: bool = False) -> list[str]:
+def check(manifest: dict, serving: Fingerprint, allow_mismatch: bool,
+          checked_this_process: bool = False) -> list[str]:
     """Return the difference lines (warnings) or raise PreflightMismatch."""
-    fp = _fingerprint_api()
     try:
-        baked = fp.Fingerprint.from_dict(manifest["fingerprint"])
+        baked = Fingerprint.from_dict(manifest["fingerprint"])
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptArtifact(f"manifest fingerprint is unreadable ({e})") from None
-    lines = [str(m) for m in fp.compare_fingerprints(baked, serving)]
+    lines = [str(m) for m in compare_fingerprints(baked, serving)]
     if lines and not allow_mismatch:
         raise PreflightMismatch(
             f"bake for {manifest.get('target')} was made for another environment "

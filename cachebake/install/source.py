@@ -9,26 +9,14 @@ Registry references are for the containers work; they will plug in here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
+from cachebake.artifact.fingerprint import GPUTargetSpec
+from cachebake.artifact.oci import VerifyingReader, open_artifact
 from cachebake.errors import BadInput, CorruptArtifact, Unsupported
-
-
-def normalize_target(target: str | None) -> str | None:
-    """``sm_90`` / ``90`` / ``cuda:90`` -> ``cuda:90``."""
-    if target is None:
-        return None
-    t = target.strip().lower()
-    if t.startswith("sm_"):
-        return "cuda:" + t[3:]
-    if t.isdigit():
-        return "cuda:" + t
-    return t
 
 
 def open_source(path: str):
@@ -41,7 +29,6 @@ def open_source(path: str):
     if p.is_file() and p.name.endswith((".tar.zst", ".tzst")):
         return LayerFile(p)
     if p.is_dir():
-        from cachebake.artifact.oci import open_artifact
         return open_artifact(p)
     raise BadInput(f"{path}: not an artifact directory, OCI layout or .tar.zst layer")
 
@@ -52,38 +39,6 @@ class LayerBake:
     manifest: dict
     layer_digest: str
     layer_size: int
-
-
-class _VerifyingReader:
-    """Reads a blob and raises CorruptArtifact at EOF unless size and sha256 match."""
-
-    def __init__(self, f: BinaryIO, digest: str, size: int):
-        self.f, self.digest, self.size = f, digest, size
-        self.h, self.n, self.done = hashlib.sha256(), 0, False
-
-    def read(self, n: int = -1) -> bytes:
-        b = self.f.read(n)
-        self.h.update(b)
-        self.n += len(b)
-        if self.n > self.size:
-            raise CorruptArtifact(f"layer is longer than the {self.size} bytes declared")
-        if (not b or n is None or n < 0) and not self.done:
-            self.done = True
-            if self.n != self.size or "sha256:" + self.h.hexdigest() != self.digest:
-                raise CorruptArtifact(f"layer {self.f.name} does not match digest {self.digest}")
-        return b
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class LayerFile:
@@ -111,7 +66,7 @@ class LayerFile:
         return sorted(self.bakes)
 
     def select(self, target: str | None) -> LayerBake:
-        t = normalize_target(target)
+        t = GPUTargetSpec.parse(target).key if target else None
         if t is None and len(self.bakes) == 1:
             t = next(iter(self.bakes))
         if t not in self.bakes:
@@ -127,5 +82,5 @@ class LayerFile:
             raise CorruptArtifact(f"manifest entry for {t} names no layer digest and size") from None
         return LayerBake(t, bake, digest, size)
 
-    def open_layer(self, ref: LayerBake) -> _VerifyingReader:
-        return _VerifyingReader(open(self.path, "rb"), ref.layer_digest, ref.layer_size)
+    def open_layer(self, ref: LayerBake) -> VerifyingReader:
+        return VerifyingReader(self.path, ref.layer_digest, ref.layer_size)
