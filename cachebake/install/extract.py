@@ -46,11 +46,12 @@ from cachebake.install.inflate import Inflating
 # bounds what a manifest may declare; the declared sizes are the hard ceilings, and install
 # checks the declared bytes fit on DIR's filesystem before writing.
 MAX_RATIO = 1000
-CHUNK = 1 << 20
-MAX_TAR_BYTES = 16 << 30
-FILTER_DEST = "/nonexistent/cachebake-filter-dest"
-# A tiny layer still compresses headers well; do not apply the ratio before this many bytes.
+# A tiny layer is mostly tar headers, which compress very well: no ratio below this size.
 RATIO_GRACE = 1 << 20
+# The decompressed layer is held in (mapped) memory; refuse to declare more than this.
+MAX_TAR_BYTES = 16 << 30
+CHUNK = 1 << 20
+FILTER_DEST = "/nonexistent/cachebake-filter-dest"
 
 # Called with each file's member name; returns None (copy as is) or a function that maps the
 # file's bytes to the bytes to write (relocation of Triton group files).
@@ -106,13 +107,14 @@ class LayerStats:
 
 
 class LayerGuard:
-    """The per-entry and per-stream checks, shared by the scan and extract passes."""
+    """The per-entry checks and running totals against the manifest's declared numbers."""
 
     def __init__(self, limits: LayerLimits):
         self.limits = limits
         self.stats = LayerStats()
 
     def finish(self) -> None:
+        """After the last entry: the totals must be exactly what the manifest declares."""
         lim, st = self.limits, self.stats
         if st.entries != lim.entries or st.file_bytes != lim.file_bytes:
             raise CorruptArtifact(
@@ -254,8 +256,9 @@ def extract_layer(layer: Layer, dest: str,
                   checkpoint: Callable[[str], None] = lambda _: None) -> LayerStats:
     """Write a loaded layer into ``dest``, a fresh empty directory we own.
 
-    Every entry was checked by ``load_layer``; ``Layer`` is only made there.  O_CREAT|O_EXCL|O_NOFOLLOW into a fresh directory of a link-free layer cannot write
-    anywhere but below ``dest``.
+    Every entry was checked by ``load_layer`` (the only maker of a ``Layer``).
+    O_CREAT|O_EXCL|O_NOFOLLOW into a fresh directory of a link-free layer cannot write anywhere
+    but below ``dest``.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     data = layer.tar
@@ -267,6 +270,8 @@ def extract_layer(layer: Layer, dest: str,
         parent = os.path.dirname(path)
         if parent not in made:  # a layer may omit directory entries
             os.makedirs(parent, mode=0o755, exist_ok=True)
+            if 0o755 & umask:
+                os.chmod(parent, 0o755)
             made.add(parent)
         if m.isdir():
             os.mkdir(path, 0o755)
