@@ -42,6 +42,10 @@ def truncated(art):
     _rewrite_layer(art, badlayers.layer_blob(art).read_bytes()[:-40])
 
 
+def not_zstd(art):
+    _rewrite_layer(art, bytes(range(256)) * 2)
+
+
 def truncated_blob(art):
     blob = badlayers.layer_blob(art)
     blob.write_bytes(blob.read_bytes()[:-40])
@@ -90,6 +94,7 @@ CORPUS = {
     "flipped_byte": (GOOD, {}, flipped_byte, [], ExitCode.CORRUPT, "does not match its digest"),
     "wrong_digest": (GOOD, {}, wrong_digest, [], ExitCode.CORRUPT, "disagrees with the cachebake manifest"),
     "truncated_blob": (GOOD, {}, truncated_blob, [], ExitCode.CORRUPT, "is truncated"),
+    "not_zstd": (GOOD, {}, not_zstd, [], ExitCode.CORRUPT, "Unknown frame descriptor"),
     "below_a_file": (GOOD + [Entry(f"triton/{KEY}/k.json/x", data=b"x")], {}, None, [], ExitCode.UNSAFE,
                      "below a regular file"),
     "fewer_entries_than_declared": (GOOD, {"layer_overrides": {"entries": 9}}, None, [], ExitCode.CORRUPT,
