@@ -187,3 +187,22 @@ def test_read_only_root_filesystem_as_nobody_into_a_writable_volume(baked, fp_fi
         assert (result["hits"], result["misses"]) == (3, 0)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_kill_while_cleaning_a_previous_kill_still_recovers(baked, fp_file, tmp_path):
+    """Two crashes in a row: the second install dies while removing the first one's leftovers."""
+    to = tmp_path / "cache"
+    views = _views(baked, fp_file, to)
+    total = _count_checkpoints(baked, fp_file, to, first_install=False)
+    for first in range(3, total, 6):
+        for second in (1, 2, 3):
+            shutil.rmtree(to, ignore_errors=True)
+            install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
+            for kill_at in (first, second):
+                p = _spawn(baked["artifact2"], to, fp_file, CACHEBAKE_TEST_KILL_AT=kill_at)
+                p.wait()
+                assert resolved_view(to / "triton") in (views["artifact"], views["artifact2"])
+            install_artifact(baked["artifact2"], to, fingerprint_file=str(fp_file))
+            assert resolved_view(to / "triton") == views["artifact2"]
+            _assert_clean(to)
