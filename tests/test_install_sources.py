@@ -94,9 +94,6 @@ def test_install_picks_the_index_entry_for_the_target(baked, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("skopeo"), reason="needs skopeo")
-@pytest.mark.xfail(reason="artifact/oci.py finds bakes by the index annotation dev.cachebake.target, "
-                          "which skopeo's rewritten index.json drops (it keeps ref.name and the "
-                          "image manifest's annotations)", strict=False)
 def test_a_layout_copied_by_skopeo_installs(baked, tmp_path):
     """What a registry round trip gives: `skopeo copy` to and from a registry rewrites index.json."""
     import subprocess
