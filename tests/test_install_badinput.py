@@ -7,7 +7,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import zstandard
 
 import badlayers
 from badlayers import Entry
