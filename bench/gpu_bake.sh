@@ -13,14 +13,14 @@ SRC=$(realpath "$1"); OPS=$(realpath "$2"); OUT=$(realpath "$3")
 mkdir -p "$OUT" /tmp/gpu-bake-logs
 LOGS=/tmp/gpu-bake-logs
 if ls "$SRC"/.whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$SRC"/.whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$SRC"/.whl/*.whl || exit 1
   SITE=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SRC:$OPS${SITE:+:$SITE}" TRITON_CACHE_AUTOTUNING=1
 cd /tmp  # not the checkout: its cachebake/ must come from PYTHONPATH only
 CB=(python3 -m cachebake.cli)
 A=/tmp/bake-A; B=/srv/cachebake-B; ART=/tmp/artifact; RES="$OUT/results.jsonl"
-rm -rf "$A" "$A.away" "$B" "$ART" /tmp/cold-*; : >"$RES"
+rm -rf "$A" "$A.away" "$B" "$ART" /tmp/cold-* /tmp/ev-*.jsonl "$LOGS"/*; : >"$RES"
 
 step() { echo "== $*" | tee -a "$LOGS/steps.log"; }
 timed() {  # label cmd...: run, record exit code and wall seconds

@@ -29,6 +29,7 @@ def main() -> None:
     a = ap.parse_args()
     from cachebake.capture import monitor
 
+    open(a.log, "w").close()  # this run's events only: the monitor appends
     monitor.activate(a.log)  # arms the taps; they go in when triton is imported
     from cachebake.drivers.kernels import run_sweep
 

@@ -131,27 +131,39 @@ def python_tag() -> str:
     return f"{sys.implementation.cache_tag}{sysconfig.get_config_var('EXT_SUFFIX') or ''}"
 
 
+def _nvidia_smi_gpu() -> tuple[GPUTargetSpec, str] | None:
+    """Name and compute capability from nvidia-smi: no CUDA context and no torch import (Triton's
+    driver query imports torch, seconds an init container should not spend)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", dev],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    name, _, cap = line.rpartition(",")
+    major, _, minor = cap.strip().partition(".")
+    if not (name and major.isdigit() and minor.isdigit()):
+        return None
+    return GPUTargetSpec("cuda", int(major) * 10 + int(minor), 32), name.strip()
+
+
 def visible_gpu() -> tuple[GPUTargetSpec, str | None] | None:
-    """The GPU this process would run on, or None.  Uses Triton's active driver (as a launch
-    would), and nvidia-smi for the name, so torch need not be imported."""
+    """The GPU this process would run on, or None: nvidia-smi where it answers, else Triton's
+    active driver (as a launch would see it; AMD GPUs too)."""
+    seen = _nvidia_smi_gpu()
+    if seen is not None:
+        return seen
     try:
         from triton.runtime import driver
 
         t = driver.active.get_current_target()
     except Exception:
         return None
-    spec = GPUTargetSpec(t.backend, t.arch, t.warp_size)
-    name = None
-    smi = shutil.which("nvidia-smi")
-    if spec.backend == "cuda" and smi:
-        dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-        try:
-            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", "-i", dev],
-                                 capture_output=True, text=True, timeout=20)
-            name = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-        except (OSError, subprocess.SubprocessError, IndexError):
-            name = None
-    return spec, name
+    return GPUTargetSpec(t.backend, t.arch, t.warp_size), None
 
 
 def resolve_target(target: str | None) -> tuple[GPUTargetSpec, str | None]:

@@ -1,0 +1,75 @@
+"""The fingerprint: what is read from this process, and how differences are reported."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from cachebake.artifact.fingerprint import (
+    Fingerprint,
+    GPUTargetSpec,
+    compare_fingerprints,
+    current_fingerprint,
+    resolve_target,
+)
+from cachebake.errors import BadInput
+
+
+@pytest.mark.parametrize("text,key,ref", [("sm_90", "cuda:90", "sm_90"), ("cuda:120", "cuda:120", "sm_120"),
+                                          ("sm_90a", "cuda:90", "sm_90"), ("gfx942", "hip:gfx942", "gfx942")])
+def test_target_spellings(text, key, ref):
+    spec = GPUTargetSpec.parse(text)
+    assert (spec.key, spec.ref_name) == (key, ref)
+
+
+def test_no_gpu_and_no_target_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    with pytest.raises(BadInput, match="pass --target"):
+        resolve_target(None)
+
+
+def _fake_nvidia_smi(tmp_path, monkeypatch, line: str):
+    # This machine has no GPU; a stand-in answers the one query cachebake makes, in the format
+    # `nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader` prints.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{line}'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_visible_gpu_name_and_capability_from_nvidia_smi(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA H200, 9.0")
+    spec, name = resolve_target(None)
+    assert (spec.key, name) == ("cuda:90", "NVIDIA H200")
+    fp = current_fingerprint()
+    assert fp.target == "cuda:90" and fp.gpu_name == "NVIDIA H200" and fp.ptxas.endswith("-90")
+    # --target for another GPU than the visible one: the name is not that GPU's
+    assert resolve_target("sm_120")[1] is None
+
+
+def test_unparseable_nvidia_smi_is_no_gpu(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch, "No devices were found")
+    with pytest.raises(BadInput, match="pass --target"):
+        resolve_target(None)
+
+
+def test_each_difference_is_one_line_with_its_consequence():
+    baked = current_fingerprint("sm_90")
+    same = Fingerprint.from_dict(baked.to_dict())
+    assert compare_fingerprints(baked, same) == []
+    other = Fingerprint.from_dict({**baked.to_dict(), "triton_key": "3.5.1-abc", "gpu_name": "NVIDIA H100",
+                                   "env": {"TRITON_DEFAULT_FP_FUSION": "true"}, "bake_paths": {"triton": "/x"}})
+    fields = {m.field: str(m) for m in compare_fingerprints(baked, other)}
+    assert set(fields) == {"triton_key", "env"}  # the name is unknown on the baked side (no GPU here)
+    assert "every kernel recompiles" in fields["triton_key"] and "\n" not in fields["triton_key"]
+    named = Fingerprint.from_dict({**baked.to_dict(), "gpu_name": "NVIDIA H200"})
+    assert [m.field for m in compare_fingerprints(named, other)] == ["triton_key", "env", "gpu_name"]
+
+
+def test_unknown_fields_from_a_newer_cachebake_are_ignored():
+    fp = Fingerprint.from_dict({"target": "cuda:90", "future_field": 1})
+    assert fp.target == "cuda:90"
+    with pytest.raises(BadInput):
+        Fingerprint.from_dict({"triton_version": "3.6.0"})
