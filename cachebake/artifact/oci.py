@@ -21,7 +21,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from cachebake.artifact.fingerprint import GPUTargetSpec
 from cachebake.artifact.manifest import FORMAT_VERSION, BakeManifest
@@ -182,11 +181,22 @@ class Artifact:
         self.index_entries = [m for m in manifests if isinstance(m, dict)]
 
     def entries_by_target(self) -> dict[str, dict]:
-        out = {}
+        """Index entries by GPU target.  ``skopeo copy`` (and so a registry round trip) rewrites
+        index.json keeping only the ``ref.name`` annotation (``sm_90``), so that is the
+        fallback; ``select`` checks the target against the digest-verified config anyway."""
+        out: dict[str, dict] = {}
         for m in self.index_entries:
-            target = (m.get("annotations") or {}).get(ANN_TARGET)
-            if target:
-                out[target] = m
+            ann = m.get("annotations") or {}
+            if ann.get(ANN_TARGET):
+                out[ann[ANN_TARGET]] = m
+        for m in self.index_entries:
+            ann = m.get("annotations") or {}
+            if ANN_TARGET in ann or REF_NAME not in ann:
+                continue
+            try:
+                out.setdefault(GPUTargetSpec.parse(ann[REF_NAME]).key, m)
+            except BadInput:
+                continue  # some other image in a shared layout
         return out
 
     def targets(self) -> list[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachebake.artifact.fingerprint import GPUTargetSpec
-from cachebake.artifact.oci import ANN_TARGET, REF_NAME, Artifact, VerifyingReader
+from cachebake.artifact.oci import Artifact, VerifyingReader
 from cachebake.errors import BadInput, CorruptArtifact, Unsupported
 
 
@@ -29,30 +29,8 @@ def open_source(path: str):
     if p.is_file() and p.name.endswith((".tar.zst", ".tzst")):
         return LayerFile(p)
     if p.is_dir():
-        return CopiedLayoutTolerant(p)
+        return Artifact(p)
     raise BadInput(f"{path}: not an artifact directory, OCI layout or .tar.zst layer")
-
-
-class CopiedLayoutTolerant(Artifact):
-    """The artifact reader, also finding bakes in a layout that `skopeo copy` wrote.
-
-    skopeo rewrites index.json and keeps only the ``ref.name`` annotation (``sm_90``), not
-    ``dev.cachebake.target``; a registry round trip therefore loses it.  Fall back to the ref
-    name: ``select`` still checks the target against the digest-verified manifest in the config.
-    (Belongs in artifact/oci.py; kept here until it moves there.)
-    """
-
-    def entries_by_target(self) -> dict[str, dict]:
-        out = super().entries_by_target()
-        for desc in self.index_entries:
-            ann = desc.get("annotations") or {}
-            if ANN_TARGET in ann or REF_NAME not in ann:
-                continue
-            try:
-                out.setdefault(GPUTargetSpec.parse(ann[REF_NAME]).key, desc)
-            except BadInput:
-                continue
-        return out
 
 
 @dataclass
