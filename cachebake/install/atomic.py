@@ -38,6 +38,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,10 +123,15 @@ class InstallDir:
             raise BadInput(f"--to {self.root} exists and is not a directory")
         for role in roles:
             p = self.root / role
-            if p.is_symlink():
-                if os.readlink(p) != self.role_link(role):
+            # One lstat, then readlink: a racing install may create the link between two
+            # separate checks (is_symlink() False, then exists() True through the new link).
+            try:
+                is_link = stat.S_ISLNK(os.lstat(p).st_mode)
+                if is_link and os.readlink(p) != self.role_link(role):
                     raise BadInput(f"{p} is a symlink not made by cachebake; remove it")
-            elif p.exists():
+            except FileNotFoundError:
+                continue
+            if not is_link:
                 raise BadInput(f"{p} exists and is not managed by cachebake; remove it or "
                                "install into another directory")
 
@@ -152,8 +158,10 @@ class InstallDir:
         except (OSError, ValueError):
             return None
         for role in marker.get("roles", []):
-            p = self.root / role
-            if not p.is_symlink() or os.readlink(p) != self.role_link(role):
+            try:  # readlink alone: a racing cleanup may remove the link between two checks
+                if os.readlink(self.root / role) != self.role_link(role):
+                    return None
+            except OSError:
                 return None
         return marker
 
