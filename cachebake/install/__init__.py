@@ -4,7 +4,7 @@ Steps, in order; nothing is written to DIR before step 5:
 
 1. open the artifact (dir, OCI layout or .tar.zst + manifest) and pick the bake for the GPU
    target (``--target``, else the serving fingerprint's, else the visible GPU's);
-2. refuse unknown manifest versions (UNSUPPORTED);
+2. refuse unknown manifest versions (UNSUPPORTED; the artifact reader does, through BakeManifest);
 3. preflight the fingerprint against the serving environment (PREFLIGHT, or warnings with
    ``--allow-mismatch``);
 4. if DIR already holds this digest for this serve path: "already installed", done;
@@ -20,12 +20,10 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
-from cachebake.errors import Unsupported
 from cachebake.install import atomic, extract, preflight, relocate
 from cachebake.install.source import open_source
 from cachebake.roles import serving_env
 
-FORMAT_VERSIONS = (1,)
 LOCK_TIMEOUT_S = 600.0
 
 
@@ -72,11 +70,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
     bake = source.select(_pick_target(target, serving))
-    manifest = bake.manifest.to_dict() if hasattr(bake.manifest, "to_dict") else dict(bake.manifest)
-    if manifest.get("format_version") not in FORMAT_VERSIONS:
-        raise Unsupported(f"bake manifest format_version {manifest.get('format_version')!r} is "
-                          f"not one this cachebake reads ({', '.join(map(str, FORMAT_VERSIONS))}); "
-                          "upgrade cachebake")
+    manifest = bake.manifest.to_dict()
     roles = list(manifest.get("roles") or [])
     mismatches = preflight.check(manifest, serving, allow_mismatch,
                                  checked_this_process=fingerprint_file is None)

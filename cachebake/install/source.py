@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from cachebake.artifact.fingerprint import GPUTargetSpec
-from cachebake.artifact.oci import Artifact, VerifyingReader
+from cachebake.artifact.manifest import BakeManifest
+from cachebake.artifact.oci import Artifact, BakeRef, VerifyingReader
 from cachebake.errors import BadInput, CorruptArtifact, Unsupported
 
 
@@ -31,14 +31,6 @@ def open_source(path: str):
     if p.is_dir():
         return Artifact(p)
     raise BadInput(f"{path}: not an artifact directory, OCI layout or .tar.zst layer")
-
-
-@dataclass
-class LayerBake:
-    target: str
-    manifest: dict
-    layer_digest: str
-    layer_size: int
 
 
 class LayerFile:
@@ -65,7 +57,7 @@ class LayerFile:
     def targets(self) -> list[str]:
         return sorted(self.bakes)
 
-    def select(self, target: str | None) -> LayerBake:
+    def select(self, target: str | None) -> BakeRef:
         t = GPUTargetSpec.parse(target).key if target else None
         if t is None and len(self.bakes) == 1:
             t = next(iter(self.bakes))
@@ -80,7 +72,7 @@ class LayerFile:
             size = int(bake.pop("layer_size", None) or layer["size"])
         except (KeyError, TypeError, ValueError):
             raise CorruptArtifact(f"manifest entry for {t} names no layer digest and size") from None
-        return LayerBake(t, bake, digest, size)
+        return BakeRef(t, "", digest, size, BakeManifest.from_dict(bake))
 
-    def open_layer(self, ref: LayerBake) -> VerifyingReader:
+    def open_layer(self, ref: BakeRef) -> VerifyingReader:
         return VerifyingReader(self.path, ref.layer_digest, ref.layer_size)
