@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from cachebake.capture.env import STEP_ENV  # the monitor labels events with it
 from cachebake.errors import BadInput
 
-STEP_ENV = "CACHEBAKE_STEP"
 
 # config.json spellings of each field across Mamba2-family models (NemotronH, Mamba2, Bamba /
 # Granite-4 / FalconH1), first match wins.
