@@ -246,3 +246,11 @@ def test_unknown_target_is_a_clear_error():
     with pytest.raises(BadInput, match="unrecognised GPU target"):
         from cachebake.artifact.fingerprint import GPUTargetSpec
         GPUTargetSpec.parse("h200")
+
+
+def test_a_group_file_naming_a_child_outside_its_key_dir_is_refused(triton_cache, tmp_path):
+    grp = next(triton_cache.rglob("__grp__*.json"))
+    grp.write_text(json.dumps({"child_paths": {"../../etc/passwd": "/etc/passwd"}}))
+    with pytest.raises(BadInput, match="not a plain file name"):
+        _pack(triton_cache, tmp_path / "art")
+    assert not (tmp_path / "art").exists()

@@ -14,13 +14,13 @@ The result is sorted by archive name; the layer writer turns it into bytes.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
 from cachebake.errors import BadInput
 from cachebake.roles import DEFAULT_ROOT, ROLE_ENV
 
@@ -189,7 +189,7 @@ def _collect_dir(snap: Snapshot, role: str, top: Path, dirpath: Path, rel: Path,
             raise BadInput(f"{path}: cannot read: {e.strerror}") from None
         arcname = f"{prefix}/{name}"
         mode = 0o755 if (st.st_mode & 0o111 or name.endswith(".so")) else 0o644
-        if is_triton_key_dir and name.startswith("__grp__") and name.endswith(".json"):
+        if is_triton_key_dir and name.startswith(GROUP_PREFIX) and name.endswith(".json"):
             data = _rewrite_group(path, f"{snap.layer_root}/{prefix}", set(keep))
             snap.files.append(SnapshotFile(arcname, mode, len(data), data=data))
         else:
@@ -198,19 +198,11 @@ def _collect_dir(snap: Snapshot, role: str, top: Path, dirpath: Path, rel: Path,
 
 
 def _rewrite_group(path: Path, final_dir: str, present: set[str]) -> bytes:
+    # Children we did not ship (pruned IR, files lost) are dropped: Triton checks each path
+    # exists anyway, but a group naming only shipped files keeps the layer honest.
     try:
-        grp = json.loads(path.read_bytes())
-        children = grp["child_paths"]
-        if not isinstance(children, dict):
-            raise TypeError
-    except (ValueError, KeyError, TypeError):
-        raise BadInput(f"{path}: not a Triton group file (no child_paths)") from None
+        return relocated_group(path.read_bytes(), final_dir, keep=present)
     except OSError as e:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
-    for name in children:
-        if "/" in name or name in ("", ".", ".."):
-            raise BadInput(f"{path}: group names a file outside its key dir: {name!r}")
-    # Drop children we did not ship (pruned IR, files lost): Triton checks each path exists
-    # anyway, but a group naming only shipped files keeps the layer honest.
-    grp["child_paths"] = {name: f"{final_dir}/{name}" for name in children if name in present}
-    return json.dumps(grp, sort_keys=False).encode()
+    except InvalidGroup as e:
+        raise BadInput(f"{path}: group file {e}") from None

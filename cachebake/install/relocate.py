@@ -11,14 +11,12 @@ which is all Triton ever writes; anything else is refused as unsafe rather than 
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from typing import Callable
 
+from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
 from cachebake.errors import CorruptArtifact, UnsafeArtifact
-
-GROUP_PREFIX = "__grp__"
 
 
 def is_group_file(member_name: str) -> bool:
@@ -31,22 +29,10 @@ def is_group_file(member_name: str) -> bool:
 def rewrite_group(data: bytes, member_name: str, key_dir: str) -> bytes:
     """Return the group file ``member_name`` with every child path in ``key_dir``."""
     try:
-        grp = json.loads(data)
-        children = grp["child_paths"]
-        if not isinstance(children, dict):
-            raise TypeError("child_paths is not an object")
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptArtifact(f"group file {member_name!r} is not valid Triton group JSON: {e}") from None
-    new = {}
-    for filename in children:
-        if (not isinstance(filename, str) or not filename or "/" in filename or "\x00" in filename
-                or filename in (".", "..")):
-            raise UnsafeArtifact(f"group file {member_name!r} names a child {filename!r} that is "
-                                 "not a plain file name")
-        new[filename] = posixpath.join(key_dir, filename)
-    grp["child_paths"] = new
-    # Same shape Triton writes (json.dumps defaults), so a relocated file reads like a native one.
-    return json.dumps(grp).encode()
+        return relocated_group(data, key_dir)
+    except InvalidGroup as e:
+        error = UnsafeArtifact if e.unsafe else CorruptArtifact
+        raise error(f"group file {member_name!r} {e}") from None
 
 
 def group_rewriter(serve_root: str) -> Callable[[str], Callable[[bytes], bytes] | None]:

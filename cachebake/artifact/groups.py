@@ -1,0 +1,44 @@
+"""Triton's group files: the one place that reads and rewrites them (pack and install both do).
+
+``<key dir>/__grp__<name>.json`` maps each of a kernel's files to an ABSOLUTE path; Triton
+silently drops a path that does not exist and recompiles the kernel.  Pack points them at the
+serving root, install at wherever the bake lands.  A child must be a plain file name in the
+same key dir, which is all Triton ever writes; anything else is refused, never pointed at.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+GROUP_PREFIX = "__grp__"
+
+
+class InvalidGroup(ValueError):
+    """A group file that is not Triton's JSON (``unsafe`` False) or names a child outside its
+    key dir (``unsafe`` True).  Callers turn it into their own error class."""
+
+    def __init__(self, reason: str, unsafe: bool):
+        super().__init__(reason)
+        self.unsafe = unsafe
+
+
+def relocated_group(data: bytes, key_dir: str, keep: set[str] | None = None) -> bytes:
+    """The group file ``data`` with every child at ``key_dir/<child>``; children not in
+    ``keep`` (when given) are left out."""
+    try:
+        grp = json.loads(data)
+        children = grp["child_paths"]
+        if not isinstance(children, dict):
+            raise TypeError("child_paths is not an object")
+    except (ValueError, KeyError, TypeError) as e:
+        raise InvalidGroup(f"is not valid Triton group JSON: {e}", unsafe=False) from None
+    new = {}
+    for name in children:
+        if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+            raise InvalidGroup(f"names a child {name!r} that is not a plain file name", unsafe=True)
+        if keep is None or name in keep:
+            new[name] = posixpath.join(key_dir, name)
+    grp["child_paths"] = new
+    # Same shape Triton writes (json.dumps defaults), so a rewritten file reads like a native one.
+    return json.dumps(grp).encode()
