@@ -1,33 +1,82 @@
 """The ``cachebake`` command line: parse, call one function, render.  No logic lives here.
 
-Every refusal is a CachebakeError: one line on stderr, the exit code README documents.
+Every refusal is a CachebakeError: one line on stderr, the exit code README documents
+(``CachebakeGroup.main`` is the one handler; see cachebake.errors for the rules).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
-from cachebake.errors import CachebakeError, ExitCode
+from cachebake.errors import CachebakeError, ExitCode, Interrupted, from_os_error
+from cachebake.output import Output, envelope
 
 
 class CachebakeGroup(click.Group):
-    """Turns CachebakeError into its one-line message and exit code."""
+    """The one error boundary (cachebake.errors): every exception becomes one line on stderr
+    and a documented exit code; under ``--json`` the error is also the JSON envelope on
+    stdout.  Never a traceback: an unexpected exception's traceback goes to a log file whose
+    path the one line names."""
 
-    def invoke(self, ctx):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        options = args[:args.index("--")] if "--" in args else args
+        command = next((a for a in options if not a.startswith("-")), "")
+        out = Output(command, as_json="--json" in options)
         try:
-            return super().invoke(ctx)
+            code = super().main(args=args, prog_name=prog_name or "cachebake",
+                                complete_var=complete_var, standalone_mode=False, obj=out, **extra)
+        except click.exceptions.Exit as e:  # --help, --version
+            code = e.exit_code
+        except click.ClickException as e:  # bad options: click's own message, exit 2
+            e.show()
+            if out.as_json:
+                out.print_json(envelope(command, False, {"error": {
+                    "code": e.exit_code, "kind": "usage", "message": e.format_message()}}))
+            code = e.exit_code
+        except click.Abort:  # click turns KeyboardInterrupt (and EOF at a prompt) into Abort
+            out.error(Interrupted())
+            code = int(ExitCode.INTERRUPTED)
+        except KeyboardInterrupt:
+            out.error(Interrupted())
+            code = int(ExitCode.INTERRUPTED)
         except CachebakeError as e:
-            click.echo(f"cachebake: error: {e}", err=True)
-            ctx.exit(int(e.code))
+            out.error(e)
+            code = int(e.code)
         except OSError as e:
             # An OS refusal we did not foresee (disk full, permissions on a path we did not
-            # check): still one line, never a traceback.
-            where = f": {e.filename}" if e.filename else ""
-            click.echo(f"cachebake: error: {e.strerror or e}{where}", err=True)
-            ctx.exit(int(ExitCode.FAILURE))
+            # check): still one line naming the path, never a traceback.
+            out.error(from_os_error(e, what="", error_class=CachebakeError))
+            code = int(ExitCode.FAILURE)
+        except Exception as e:  # noqa: BLE001 - the boundary: a bug, reported in one line
+            log = _write_crash_log(e)
+            out.error(CachebakeError(f"internal error: {type(e).__name__}: {e}"
+                                     + (f" (traceback in {log})" if log else "")))
+            code = int(ExitCode.FAILURE)
+        code = code if isinstance(code, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+def _write_crash_log(exc: BaseException) -> str | None:
+    """Write ``exc``'s traceback to a fresh file; its path, or None if nothing could be written."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="cachebake-crash-", suffix=".log",
+                                    dir=os.environ.get("CACHEBAKE_LOG_DIR") or None)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"cachebake {' '.join(sys.argv[1:])}\n")
+            f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return path
+    except OSError:
+        return None
 
 
 @click.group(cls=CachebakeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,6 +87,17 @@ def main():
 
 def _emit_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def output(as_json: bool = False) -> Output:
+    """The boundary's Output for this invocation (one per command run, so an error after a
+    report was emitted does not print a second JSON document)."""
+    ctx = click.get_current_context(silent=True)
+    out = ctx.find_object(Output) if ctx is not None else None
+    if out is None:
+        out = Output(ctx.info_name if ctx is not None else "", as_json)
+    out.as_json = out.as_json or as_json
+    return out
 
 
 @main.command()
@@ -146,7 +206,7 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, c
     drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
     report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
     if as_json:
-        _emit_json(report.to_dict())
+        output(as_json).emit(report)
     else:
         for line in report.lines():
             click.echo(line)

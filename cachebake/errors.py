@@ -1,13 +1,28 @@
-"""Exit codes and the errors that carry them.
+"""Exit codes and the errors that carry them: cachebake's one error boundary.
 
 Every refusal cachebake makes is a ``CachebakeError`` with a one-line message and an exit
-code from ``ExitCode``; the CLI prints the message and exits with the code.  Scripts and init
-containers branch on these numbers, so they never change meaning (README lists them).
+code from ``ExitCode`` (the habit of click's ``exceptions.py``: the exception knows its exit
+code; one handler, ``cachebake.cli.main``, prints it).  Scripts and init containers branch on
+these numbers, so they never change meaning (README lists them).
+
+Rules every module follows:
+
+* raise a ``CachebakeError`` subclass for anything the user can fix or should know; never
+  let an ``OSError`` about a user's path escape unnamed: ``from_os_error`` names the path the
+  user gave, not an internal temp file;
+* refusals of an artifact's *content* are one class per kind of refusal, carrying the
+  offending item, as CPython's tarfile filters do (``MemberRefused.member``,
+  ``InvalidDocument.document``/``.field``), so tests and callers can tell them apart without
+  parsing messages;
+* anything else is a bug: the CLI prints one line, writes the traceback to a log file and
+  exits 1 (``ExitCode.FAILURE``); Ctrl-C exits 130 (``ExitCode.INTERRUPTED``), saying what
+  state it left.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 
 
 class ExitCode(enum.IntEnum):
@@ -16,24 +31,52 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # click's own code for bad options
     BAD_INPUT = 3  # missing path, empty dir, not a cache, unreadable file, --out in the way
     PREFLIGHT = 4  # the artifact was baked for another environment: it would not hit
-    CORRUPT = 5  # a digest, size or stream does not match what the artifact declares
+    CORRUPT = 5  # a digest, size, stream or document does not match what the artifact declares
     UNSAFE = 6  # the layer tries to escape DIR, holds links/devices/setuid, or is a bomb
-    UNSUPPORTED = 7  # unknown format version, or no bake for this GPU target
+    UNSUPPORTED = 7  # unknown format version, no bake for this GPU target, missing dependency
     COMPILES_SEEN = 8  # verify: the sweep compiled or autotuned something
     COMMAND_FAILED = 9  # build: the warmup command or driver failed
     NOT_STABLE = 10  # build: still compiling after --max-rounds
     LOCKED = 11  # install: could not take the install lock in time
+    INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, as shells report it
 
 
 class CachebakeError(Exception):
-    """A refusal with a clear one-line message and a distinct exit code."""
+    """A refusal with a clear one-line message and a distinct exit code.
+
+    ``hint``: an optional second sentence telling the user what to do; rendered after the
+    message on the same line (text) or as its own field (JSON)."""
 
     code: ExitCode = ExitCode.FAILURE
 
-    def __init__(self, message: str, code: ExitCode | None = None):
+    def __init__(self, message: str, code: ExitCode | None = None, *, hint: str | None = None):
         super().__init__(message)
         if code is not None:
             self.code = code
+        self.hint = hint
+
+    @property
+    def kind(self) -> str:
+        """A stable name for JSON output: the class name in kebab case."""
+        name = type(self).__name__
+        return "".join("-" + c.lower() if c.isupper() and i else c.lower()
+                       for i, c in enumerate(name))
+
+    def line(self) -> str:
+        """The one line the CLI prints (without the ``cachebake: error:`` prefix)."""
+        msg = " ".join(str(self).split("\n")[0].split())
+        return f"{msg}; {self.hint}" if self.hint else msg
+
+    def details(self) -> list[str]:
+        """Extra lines a few errors carry (preflight lists each difference); never a traceback."""
+        return [ln.strip() for ln in str(self).split("\n")[1:] if ln.strip()]
+
+    def to_dict(self) -> dict:
+        d = {"code": int(self.code), "kind": self.kind, "message": self.line()}
+        extra = self.details()
+        if extra:
+            d["details"] = extra
+        return d
 
 
 class BadInput(CachebakeError):
@@ -48,8 +91,28 @@ class CorruptArtifact(CachebakeError):
     code = ExitCode.CORRUPT
 
 
+class InvalidDocument(CorruptArtifact):
+    """A JSON document of the artifact (index, image manifest, config, label, cachebake.json,
+    a group file) has the wrong shape: ``document`` names it, ``field`` the JSON path."""
+
+    def __init__(self, document: str, field: str, reason: str):
+        super().__init__(f"{document}: {field or '(top level)'}: {reason}")
+        self.document, self.field, self.reason = document, field, reason
+
+
 class UnsafeArtifact(CachebakeError):
     code = ExitCode.UNSAFE
+
+
+class MemberRefused(UnsafeArtifact):
+    """One layer entry refused; subclasses say why (one class per refusal, as tarfile's
+    ``FilterError`` family does).  ``member`` is the entry's name as the tar gives it."""
+
+    reason = "is refused"
+
+    def __init__(self, member: str, detail: str | None = None):
+        super().__init__(f"layer entry {member!r} {detail or self.reason}")
+        self.member = member
 
 
 class Unsupported(CachebakeError):
@@ -70,3 +133,24 @@ class NotStable(CachebakeError):
 
 class Locked(CachebakeError):
     code = ExitCode.LOCKED
+
+
+class Interrupted(CachebakeError):
+    """Ctrl-C.  ``state`` says what the interrupted command left (e.g. whether an install's
+    switch happened), so the operator knows whether to re-run."""
+
+    code = ExitCode.INTERRUPTED
+
+    def __init__(self, state: str = ""):
+        super().__init__("interrupted" + (f": {state}" if state else ""))
+        self.state = state
+
+
+def from_os_error(e: OSError, path: os.PathLike | str | None = None, what: str = "",
+                  error_class: type[CachebakeError] = BadInput) -> CachebakeError:
+    """An ``OSError`` on a path the user gave, as one line naming that path (not an
+    internal temp file the OS error may name)."""
+    where = os.fspath(path) if path is not None else (e.filename or "")
+    reason = e.strerror or str(e)
+    text = f"{where}: {what + ': ' if what else ''}{reason}" if where else f"{what}: {reason}"
+    return error_class(text)

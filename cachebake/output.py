@@ -1,0 +1,90 @@
+"""One output object for every command: rich text for people, one JSON envelope for scripts.
+
+The habit of huggingface_hub's ``cli/_output.py``: a command builds a report (a dataclass with
+``to_dict()`` and, for people, ``render(console)``) and hands it to ``Output.emit``; nothing
+else prints results.  Under ``--json`` every command prints exactly one JSON object on stdout,
+success or failure, in the same envelope::
+
+    {"cachebake": 1, "command": "install", "ok": true, ...the report's fields...}
+    {"cachebake": 1, "command": "install", "ok": false,
+     "error": {"code": 6, "kind": "unsafe-artifact", "message": "..."}}
+
+Field names are shared across commands (``layer_digest``, ``manifest_digest``, ``target``).
+Warnings and progress go to stderr, never into the JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Protocol
+
+ENVELOPE_VERSION = 1
+
+
+class Report(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def envelope(command: str, ok: bool, body: dict[str, Any]) -> dict[str, Any]:
+    return {"cachebake": ENVELOPE_VERSION, "command": command, "ok": ok, **body}
+
+
+class Output:
+    """Where a command's result goes: ``emit`` once per command (or ``error``)."""
+
+    def __init__(self, command: str, as_json: bool = False):
+        self.command = command
+        self.as_json = as_json
+        self._stderr = None
+        self._stdout = None
+        self.emitted = False  # a report went out: a later error adds its line, not a 2nd JSON
+
+    @property
+    def console(self):
+        """stdout console for text reports (rich; width follows the terminal)."""
+        if self._stdout is None:
+            from rich.console import Console
+
+            self._stdout = Console(highlight=False, soft_wrap=False)
+        return self._stdout
+
+    @property
+    def err_console(self):
+        if self._stderr is None:
+            from rich.console import Console
+
+            self._stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+        return self._stderr
+
+    def emit(self, report: Report, ok: bool | None = None) -> None:
+        if ok is None:
+            ok = bool(getattr(report, "ok", True))
+        self.emitted = True
+        if self.as_json:
+            self.print_json(envelope(self.command, ok, report.to_dict()))
+            return
+        render = getattr(report, "render", None)
+        if render is not None:
+            render(self.console)
+        else:  # a report without a text form: its dict, readably
+            self.print_json(report.to_dict())
+
+    def warn(self, text: str) -> None:
+        """A warning line on stderr (never on stdout, which may be JSON)."""
+        self.err_console.print(f"cachebake: warning: {text}", markup=False)
+
+    def error(self, err) -> None:
+        """A ``CachebakeError`` as one line on stderr, and under ``--json`` as the envelope on
+        stdout too (scripts read stdout; people read stderr)."""
+        sys.stderr.write(f"cachebake: error: {err.line()}\n")
+        for line in err.details():
+            sys.stderr.write(f"  {line}\n")
+        sys.stderr.flush()
+        if self.as_json and not self.emitted:
+            self.print_json(envelope(self.command, False, {"error": err.to_dict()}))
+
+    @staticmethod
+    def print_json(obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
