@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from cachebake.errors import InvalidDocument, Unsupported
 
@@ -162,6 +162,7 @@ class CompileRecord:
     autotune: list[AutotuneSpec] = field(default_factory=list)
     triton_version: str | None = None
     format_version: int = RECORD_FORMAT_VERSION
+    media_type: ClassVar[str] = RECORD_MEDIA_TYPE  # of its blob in an artifact
 
     def add(self, other: "CompileRecord") -> "CompileRecord":
         """Merge, one entry per (target, hash) and per (target, autotune result)."""
