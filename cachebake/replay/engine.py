@@ -282,7 +282,7 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
         record_out = copy.deepcopy(loaded.record).add(CompileRecord(compiles=result.replayed))
         bake = {"replay": {"from": loaded.source, "record_targets": loaded.record.targets(),
                            "jobs": result.jobs, **result.to_dict()},
-                "unverified_on_target": {"how": "replay", "built_on": "no GPU"}}
+                "unverified_on_target": {"how": "replay", "built_on": None}}
         packed = pack_artifact([CacheRoot("triton", cache)], out_path, target=result.target, bake=bake,
                                layer_root=layer_root or loaded.layer_root, record=record_out)
         return ReplayReport(loaded.source, str(out_path), result,
