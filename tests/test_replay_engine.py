@@ -59,8 +59,13 @@ def listener(*, src, metadata, metadata_group, times, cache_hit):
 triton.knobs.compilation.listener = listener
 jit_launch.warmup(int(os.environ["ARCH"]))
 import replay_kernels
-print(json.dumps({{"events": events, "helper_keys": helper_keys,
-                  "benchmarked": "bench_time" in vars(replay_kernels.tuned_kernel)}}))
+result = {{"events": events, "helper_keys": helper_keys,
+          "benchmarked": "bench_time" in vars(replay_kernels.tuned_kernel)}}
+if os.environ.get("PROBE_VLLM"):  # a stand-in vllm.platforms.cuda: what host code would ask
+    sys.path.insert(0, os.environ["PROBE_VLLM"])
+    from vllm.platforms.cuda import NvmlCudaPlatform as P
+    result["platform"] = [P.get_device_name(), list(P.get_device_capability())]
+print(json.dumps(result))
 """
 
 
