@@ -197,13 +197,15 @@ def build(model, driver, tp, serve_args, model_dir, out, root, target, until_sta
 @click.option("--jobs", type=int, default=None, help="Compile processes (default: all cores).")
 @click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
 @click.option("--layer-root", help="Serving root for group files (default: the source bake's).")
+@click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def replay(source, target, out, jobs, partial, layer_root, as_json):
+def replay(source, target, out, jobs, partial, layer_root, gpu_name, as_json):
     """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it."""
     from cachebake.replay.engine import replay as run_replay, stderr_progress
 
     report = run_replay(source, target=target, out=out, jobs=jobs, partial=partial,
-                        layer_root=layer_root, progress=None if as_json else stderr_progress)
+                        layer_root=layer_root, gpu_name=gpu_name,
+                        progress=None if as_json else stderr_progress)
     output(as_json).emit(report)
 
 

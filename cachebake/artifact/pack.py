@@ -40,8 +40,10 @@ class PackReport:
 
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
                   bake: dict | None = None, layer_root: str | None = None,
-                  prune_ir: bool = False, record=None) -> PackReport:
-    """``record``: a cachebake.replay.record.CompileRecord to carry as its own blob."""
+                  prune_ir: bool = False, record=None, fingerprint_from: dict | None = None) -> PackReport:
+    """``record``: a cachebake.replay.record.CompileRecord to carry as its own blob.
+    ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
+    when this machine is not it (replay: torch/vllm versions, GPU name of the source bake)."""
     out = Path(out).absolute()
     try:
         out.exists()
@@ -53,6 +55,8 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
     # Fingerprint first: a target Triton cannot serve fails before any work.
     snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
     fp = current_fingerprint(target, bake_paths=snap.roots)
+    for key, value in (fingerprint_from or {}).items():
+        setattr(fp, key, value)
     inventory = build_inventory(snap)
 
     try:

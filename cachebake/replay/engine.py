@@ -33,6 +33,7 @@ class LoadedRecord:
     record: CompileRecord
     source: str
     layer_root: str | None = None  # the bake's serving root, where the source was an artifact
+    fingerprints: dict = field(default_factory=dict)  # target -> the source bake's fingerprint
 
 
 def load_record(source: os.PathLike | str) -> LoadedRecord:
@@ -45,9 +46,10 @@ def load_record(source: os.PathLike | str) -> LoadedRecord:
         from cachebake.artifact import oci
 
         art = oci.open_artifact(path)
-        record, layer_root = CompileRecord(), None
+        record, layer_root, fingerprints = CompileRecord(), None, {}
         for target in art.targets():
             ref = art.select(target)
+            fingerprints[target] = ref.manifest.fingerprint
             desc = ref.manifest.record
             if not desc:
                 continue
@@ -58,7 +60,7 @@ def load_record(source: os.PathLike | str) -> LoadedRecord:
         if not record.compiles:
             raise BadInput(f"{path} carries no compile record (baked before records existed, "
                            "or packed with `cachebake pack`): rebuild it with `cachebake build`")
-        return LoadedRecord(record, str(path), layer_root)
+        return LoadedRecord(record, str(path), layer_root, fingerprints)
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -259,7 +261,7 @@ class ReplayReport:
 
 
 def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jobs: int | None = None,
-           partial: bool = False, layer_root: str | None = None,
+           partial: bool = False, layer_root: str | None = None, gpu_name: str | None = None,
            progress: Callable[[str], None] | None = None) -> ReplayReport:
     """The whole of ``cachebake replay``: load, compile into a fresh cache, pack."""
     from cachebake.artifact.pack import CacheRoot, pack_artifact
@@ -284,12 +286,25 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
                            "jobs": result.jobs, **result.to_dict()},
                 "unverified_on_target": {"how": "replay", "built_on": None}}
         packed = pack_artifact([CacheRoot("triton", cache)], out_path, target=result.target, bake=bake,
-                               layer_root=layer_root or loaded.layer_root, record=record_out)
+                               layer_root=layer_root or loaded.layer_root, record=record_out,
+                               fingerprint_from=serving_fingerprint(loaded, result.target, gpu_name))
         return ReplayReport(loaded.source, str(out_path), result,
                             {"manifest_digest": packed.manifest_digest, "targets": packed.targets,
                              "layer_digest": packed.manifest.layer.digest})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def serving_fingerprint(loaded: LoadedRecord, target: str, gpu_name: str | None) -> dict:
+    """What the replayed bake's fingerprint takes from the source bake rather than from this
+    machine: the serving side's torch and vLLM versions (this machine's only imports the
+    kernels), and the GPU name where the target is the source's (else ``--gpu-name``)."""
+    source = loaded.fingerprints.get(target) or next(iter(loaded.fingerprints.values()), {})
+    out = {k: source[k] for k in ("torch_version", "vllm_version") if k in source}
+    name = gpu_name or (loaded.fingerprints.get(target) or {}).get("gpu_name")
+    if name:
+        out["gpu_name"] = name
+    return out
 
 
 def stderr_progress(line: str) -> None:
