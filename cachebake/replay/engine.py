@@ -141,6 +141,7 @@ class CompileResult:
     autotune_not_carried: int = 0
     helpers_built: int = 0
     key_mismatches: int = 0
+    same_triton_build: bool = False  # the record was made by this Triton build (keys must match)
     compile_seconds: float = 0.0  # summed over workers
     seconds: float = 0.0  # wall
     problems: list[str] = field(default_factory=list)
@@ -173,7 +174,10 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     env = dict(p.compiles[0].env_vars) if p.compiles else {}
     cache_dir = os.path.abspath(os.fspath(cache_dir))
     os.makedirs(cache_dir, exist_ok=True)
-    local_version = _triton_version()
+    from cachebake.replay.recorder import triton_build
+
+    same_build = record.triton_key is not None and record.triton_key == triton_build()["triton_key"]
+    res.same_triton_build = same_build
     ctx = multiprocessing.get_context("spawn")  # a clean Triton per worker, whatever the parent imported
     stub_dir = tempfile.mkdtemp(prefix="cachebake-stub-")
     try:
@@ -195,8 +199,9 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
                 done = copy.deepcopy(spec)
                 done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
                 res.replayed.append(done)
-                if (spec.target == target and spec.hash and out["hash"] != spec.hash
-                        and record.triton_version == local_version):
+                # The same Triton build must reproduce the recorded key; another build (version,
+                # wheel, Python tag) keys everything anew, which is what a rebuild is for.
+                if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
                     res.key_mismatches += 1
                     res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
                                         f"({out['hash'][:12]} vs {spec.hash[:12]}): {spec.label()}")
@@ -223,15 +228,6 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
         shutil.rmtree(stub_dir, ignore_errors=True)
     res.seconds = time.monotonic() - t0
     return res
-
-
-def _triton_version() -> str | None:
-    try:
-        import triton
-
-        return triton.__version__
-    except ImportError:
-        return None
 
 
 @dataclass

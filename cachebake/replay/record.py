@@ -161,6 +161,7 @@ class CompileRecord:
     compiles: list[CompileSpec] = field(default_factory=list)
     autotune: list[AutotuneSpec] = field(default_factory=list)
     triton_version: str | None = None
+    triton_key: str | None = None  # sha256 of triton_key(): which Triton build recorded it
     format_version: int = RECORD_FORMAT_VERSION
     media_type: ClassVar[str] = RECORD_MEDIA_TYPE  # of its blob in an artifact
 
@@ -181,6 +182,7 @@ class CompileRecord:
         self.compiles = sorted(compiles.values(), key=lambda c: (c.target, c.kernel.name, c.hash))
         self.autotune = sorted(tunes.values(), key=lambda a: (a.target, a.kernel.name, a.result_hash))
         self.triton_version = self.triton_version or other.triton_version
+        self.triton_key = self.triton_key or other.triton_key
         return self
 
     def targets(self) -> list[str]:
@@ -199,7 +201,7 @@ class CompileRecord:
 
     def to_dict(self) -> dict:
         return {"format_version": self.format_version, "triton_version": self.triton_version,
-                "compiles": [c.to_dict() for c in self.compiles],
+                "triton_key": self.triton_key, "compiles": [c.to_dict() for c in self.compiles],
                 "autotune": [a.to_dict() for a in self.autotune]}
 
     def to_json(self) -> bytes:
@@ -218,7 +220,7 @@ class CompileRecord:
         return cls(compiles=[CompileSpec.from_dict(c, f"compiles[{i}]") for i, c in enumerate(d["compiles"])],
                    autotune=[AutotuneSpec.from_dict(a, f"autotune[{i}]")
                              for i, a in enumerate(d.get("autotune") or [])],
-                   triton_version=d.get("triton_version"))
+                   triton_version=d.get("triton_version"), triton_key=d.get("triton_key"))
 
     @classmethod
     def from_json(cls, data: bytes | str) -> "CompileRecord":

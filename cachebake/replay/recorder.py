@@ -169,6 +169,7 @@ def load_record_log(path: os.PathLike | str) -> CompileRecord:
             elif "autotune" in obj:
                 part.autotune.append(AutotuneSpec.from_dict(obj["autotune"]))
             part.triton_version = part.triton_version or obj.get("triton_version")
+            part.triton_key = part.triton_key or obj.get("triton_key")
         except Exception:  # a writer killed mid-line
             continue
     return record.add(part)
@@ -188,18 +189,25 @@ def _compile_locals():
 
 
 def _append(path: str, obj: dict) -> None:
-    try:
-        import triton
-
-        obj["triton_version"] = triton.__version__
-    except ImportError:
-        pass
+    obj.update(triton_build())
     line = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+def triton_build() -> dict:
+    """Which Triton this process runs: its version and a hash of ``triton_key()`` (the wheel's
+    sources and libtriton.so, so the Python tag too)."""
+    import hashlib
+
+    import triton
+    from triton.runtime.cache import triton_key
+
+    return {"triton_version": triton.__version__,
+            "triton_key": hashlib.sha256(triton_key().encode()).hexdigest()}
 
 
 def _guarded(fn, *args) -> None:
