@@ -9,6 +9,8 @@ bench/gpu_replay.sh's job (not run here: no GPU).
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -21,6 +23,8 @@ from cachebake.replay.cross import CROSS_TARGET_ENV, GPU_NAME_ENV
 from cachebake.replay.recorder import load_record_log
 from cachebake.replay.seed import prepare_bake
 from test_replay_engine import REPO, TESTS, jit_warmup
+
+pytestmark = pytest.mark.slow  # real compiles in subprocesses: ~1 min on 2 cores
 
 FAKE_PLATFORM = '''
 from typing import NamedTuple

@@ -26,6 +26,8 @@ from cachebake.errors import Unsupported
 from cachebake.replay.engine import compile_record, load_record, replay
 from cachebake.replay.recorder import load_record_log
 
+pytestmark = pytest.mark.slow  # real compiles in subprocesses: ~1 min on 2 cores
+
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
 
