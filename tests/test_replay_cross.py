@@ -9,13 +9,13 @@ bench/gpu_replay.sh's job (not run here: no GPU).
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from cachebake.artifact.fingerprint import GPUTargetSpec
 from cachebake.capture.env import bake_env
