@@ -194,6 +194,7 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
           target: str | None = None, max_rounds: int = DEFAULT_MAX_ROUNDS,
           until_stable: bool = True, allow_invalidating: bool = False,
           work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
+          seed=None, jobs: int | None = None, gpu_name: str | None = None, retune: bool = False,
           **pack_options):
     """The whole of ``cachebake build``: rounds to the fixed point, then pack.  Returns
     (BuildReport, PackReport).  ``pack_options`` (layer_root, prune_ir) go to pack_artifact
@@ -210,6 +211,9 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
             progress.console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
         else:
             warnings.warn(note, InvalidatingEnvWarning, stacklevel=2)
+    from cachebake.replay.seed import prepare_bake  # seed, cross-target, this bake's record
+
+    prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name, retune=retune)
     report = run_until_stable(driver, benv, max_rounds=max_rounds, until_stable=until_stable,
                               work_dir=work, progress=progress)
     from cachebake.artifact.pack import CacheRoot, pack_artifact  # the artifact half
@@ -230,5 +234,6 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
     record = work / "vllm-bake.json"
     if record.is_file():
         bake.update(json.loads(record.read_text()))
-    packed = pack_artifact(cache_roots, Path(out), target=target, bake=bake, **options)
+    packed = pack_artifact(cache_roots, Path(out), target=target, bake=bake,
+                           record=prep.finish(bake), **options)
     return report, packed

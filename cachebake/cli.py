@@ -160,10 +160,14 @@ def inspect(artifact, target, as_json):
               help="Cache-invalidating variables are set on purpose: record them without warning.")
 @click.option("--layer-root", help="Absolute path the server mounts the cache at (pack's default if unset).")
 @click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
+@click.option("--seed", type=click.Path(), help="An artifact or record: precompile its launches before round 1.")
+@click.option("--jobs", type=int, default=None, help="Processes for --seed (default: all cores).")
+@click.option("--retune", is_flag=True, help="--seed: do not carry its autotune results (benchmark afresh).")
+@click.option("--gpu-name", help="Cross-target bake: the target GPU's name, for vLLM's per-GPU config tables.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def build(model, driver, tp, serve_args, model_dir, out, root, target, until_stable, max_rounds, work_dir, allow_env,
-          layer_root, prune_ir, as_json, cmd):
+          layer_root, prune_ir, seed, jobs, retune, gpu_name, as_json, cmd):
     """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
     from cachebake.build import build as run_build
     from cachebake.drivers.command import make_driver
@@ -175,7 +179,7 @@ def build(model, driver, tp, serve_args, model_dir, out, root, target, until_sta
                                max_rounds=max_rounds, until_stable=until_stable,
                                allow_invalidating=allow_env, work_dir=work_dir,
                                progress=RoundProgress(verb="bake"), layer_root=layer_root,
-                               prune_ir=prune_ir)
+                               prune_ir=prune_ir, seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune)
     if as_json:
         _emit_json({"bake": report.to_dict(), "pack": packed.to_dict()})
         return
@@ -184,6 +188,25 @@ def build(model, driver, tp, serve_args, model_dir, out, root, target, until_sta
     click.echo(f"baked {out}: {len(report.rounds)} rounds ({state}), {t.compiles} compiles "
                f"({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
                f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
+
+
+@main.command()
+@click.argument("source", type=click.Path(), metavar="ART|RECORD")
+@click.option("--target", required=True, help="GPU target to compile for, e.g. sm_90, sm_120.")
+@click.option("--out", required=True, type=click.Path(), help="Artifact directory to write (or add this target to).")
+@click.option("--jobs", type=int, default=None, help="Compile processes (default: all cores).")
+@click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
+@click.option("--layer-root", help="Serving root for group files (default: the source bake's).")
+@click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def replay(source, target, out, jobs, partial, layer_root, gpu_name, as_json):
+    """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it."""
+    from cachebake.replay.engine import replay as run_replay, stderr_progress
+
+    report = run_replay(source, target=target, out=out, jobs=jobs, partial=partial,
+                        layer_root=layer_root, gpu_name=gpu_name,
+                        progress=None if as_json else stderr_progress)
+    output(as_json).emit(report)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

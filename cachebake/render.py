@@ -13,7 +13,7 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def render_bake(ref) -> None:
+def render_bake(ref, record: dict | None = None) -> None:
     m = ref.manifest
     fp = m.fingerprint
     t = Table(title=f"bake {m.target}", show_header=False, box=None)
@@ -35,6 +35,13 @@ def render_bake(ref) -> None:
     for key in ("rounds", "compiles", "compile_seconds", "autotune_seconds"):
         if key in m.bake:
             t.add_row(key, str(m.bake[key]))
+    if record:
+        t.add_row("compile record", f"{record['compiles']} launches of {record['kernels']} kernels, "
+                  f"{record['autotune']} autotune keys ({record['autotune_candidates']} candidates), "
+                  f"recorded on {', '.join(record['targets'])}; {record['unverified']} not verified")
+    how = (m.bake.get("unverified_on_target") or {}).get("how")
+    if how:
+        t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
     console.print(t)
     names: dict[str, int] = {}
     for k in m.inventory.kernels:
@@ -51,7 +58,7 @@ def render_bake(ref) -> None:
 def render_inspect(report) -> None:
     console.print(f"[bold]{report.path}[/]: targets {', '.join(report.targets)}")
     for ref in report.bakes:
-        render_bake(ref)
+        render_bake(ref, report.records.get(ref.target))
 
 
 def render_pack(report) -> None:

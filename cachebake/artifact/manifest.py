@@ -84,6 +84,9 @@ class BakeManifest:
     inventory: Inventory
     bake: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    # The compile record (cachebake.replay.record): an OCI descriptor (mediaType, digest, size)
+    # of its own blob in the layout, or None for bakes packed without one.
+    record: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +116,7 @@ class BakeManifest:
                     other_files=dict(inv["other_files"]),
                 ),
                 bake=dict(data.get("bake") or {}),
+                record=data.get("record"),
             )
         except (KeyError, TypeError) as e:
             raise CorruptArtifact(f"manifest is malformed: {e}") from None

@@ -33,6 +33,9 @@ ANN_TARGET = "dev.cachebake.target"
 ANN_FINGERPRINT = "dev.cachebake.fingerprint"
 LABEL_MANIFEST = "dev.cachebake.manifest"
 REF_NAME = "org.opencontainers.image.ref.name"
+# Set on bakes made without a GPU of their target (replay, cross-target build): unverified there
+# until `cachebake verify` runs on one.  Value: how it was made, e.g. "replay" or "cross-bake on cuda:90".
+ANN_UNVERIFIED = "dev.cachebake.unverified-on-target"
 SUMMARY_FILE = "cachebake.json"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_JSON_BLOB = 64 << 20  # manifests and configs are small; refuse to read a huge "json" blob
@@ -89,6 +92,9 @@ def add_image(layout: Path, bake: BakeManifest) -> dict:
         "org.opencontainers.image.title": f"cachebake {target.ref_name}",
         "org.opencontainers.image.description": "Triton/vLLM kernel cache baked by cachebake",
     }
+    unverified = unverified_note(bake)
+    if unverified:
+        annotations[ANN_UNVERIFIED] = unverified
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
@@ -97,9 +103,20 @@ def add_image(layout: Path, bake: BakeManifest) -> dict:
         "annotations": annotations,
     }
     m_digest, m_size = write_blob(layout, canonical_json(manifest))
-    return descriptor(MANIFEST_MEDIA_TYPE, m_digest, m_size,
-                      {REF_NAME: target.ref_name, ANN_TARGET: bake.target},
+    index_ann = {REF_NAME: target.ref_name, ANN_TARGET: bake.target}
+    if unverified:
+        index_ann[ANN_UNVERIFIED] = unverified
+    return descriptor(MANIFEST_MEDIA_TYPE, m_digest, m_size, index_ann,
                       platform={"architecture": "amd64", "os": "linux"})
+
+
+def unverified_note(bake: BakeManifest) -> str | None:
+    """How a bake made without a GPU of its target was made, or None for an ordinary bake."""
+    how = (bake.bake or {}).get("unverified_on_target")
+    if not isinstance(how, dict):
+        return None
+    built_on = how.get("built_on")
+    return f"{how.get('how', 'unknown')}" + (f" on {built_on}" if built_on else "")
 
 
 def write_index(layout: Path, entries: list[dict], bakes: dict[str, dict]) -> None:

@@ -40,7 +40,10 @@ class PackReport:
 
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
                   bake: dict | None = None, layer_root: str | None = None,
-                  prune_ir: bool = False) -> PackReport:
+                  prune_ir: bool = False, record=None, fingerprint_from: dict | None = None) -> PackReport:
+    """``record``: a cachebake.replay.record.CompileRecord to carry as its own blob.
+    ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
+    when this machine is not it (replay: torch/vllm versions, GPU name of the source bake)."""
     out = Path(out).absolute()
     try:
         out.exists()
@@ -52,6 +55,8 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
     # Fingerprint first: a target Triton cannot serve fails before any work.
     snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
     fp = current_fingerprint(target, bake_paths=snap.roots)
+    for key, value in (fingerprint_from or {}).items():
+        setattr(fp, key, value)
     inventory = build_inventory(snap)
 
     try:
@@ -80,13 +85,17 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
             f.flush()
             os.fsync(f.fileno())
         os.replace(f.name, oci.blob_path(tmp, stats.digest))
+        record_desc = None
+        if record is not None:
+            digest, size = oci.write_blob(tmp, record.to_json())
+            record_desc = oci.descriptor(record.media_type, digest, size)
         manifest = BakeManifest(
             target=fp.target, fingerprint=fp.to_dict(), roles=snap.roles, layer_root=snap.layer_root,
             layer=LayerFacts(media_type=LAYER_MEDIA_TYPE, diff_id=stats.diff_id, digest=stats.digest,
                              size=stats.size, tar_size=stats.tar_size,
                              uncompressed_size=stats.uncompressed_size, entries=stats.entries,
                              files=stats.files, compression=COMPRESSION),
-            inventory=inventory, bake=dict(bake or {}))
+            inventory=inventory, bake=dict(bake or {}), record=record_desc)
         desc = oci.add_image(tmp, manifest)
         existing[fp.target] = desc
         summaries[fp.target] = _summary(manifest, desc["digest"])
@@ -105,7 +114,8 @@ def _summary(manifest: BakeManifest, manifest_digest: str) -> dict:
 
 def _copy_image(src: Path, dst: Path, desc: dict, ref) -> None:
     manifest = json.loads(oci.blob_path(src, desc["digest"]).read_bytes())
-    for d in (desc, manifest["config"], *manifest["layers"]):
+    extra = [ref.manifest.record] if ref.manifest.record else []  # the compile record's blob
+    for d in (desc, manifest["config"], *manifest["layers"], *extra):
         target = oci.blob_path(dst, d["digest"])
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(oci.blob_path(src, d["digest"]), target)

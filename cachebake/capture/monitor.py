@@ -147,7 +147,7 @@ def _install_hooks() -> None:
     """Install the three taps; one that this Triton does not support is reported, not fatal
     (the others still count)."""
     for name, install in (("listener", _install_listener), ("cache manager", _install_manager),
-                          ("autotuner", _wrap_autotuner)):
+                          ("autotuner", _wrap_autotuner), ("compile record", _install_record)):
         try:
             install()
         except Exception as e:
@@ -158,6 +158,8 @@ def _install_hooks() -> None:
 def _install_listener() -> None:
     from triton import knobs
 
+    from cachebake.replay.recorder import on_compile as record_compile
+
     previous = knobs.compilation.listener
     if getattr(previous, "_cachebake", False):
         previous = None
@@ -165,6 +167,7 @@ def _install_listener() -> None:
     def listener(*, src, metadata, metadata_group, times, cache_hit):
         try:
             emit(_compile_event(src, metadata, metadata_group, times, cache_hit))
+            record_compile(_state.log_path, src, metadata, cache_hit)  # replay's compile record
         except Exception as e:  # the monitor must never break the program it watches
             print(f"cachebake monitor: could not record a compile: {e!r}", file=sys.stderr)
         if previous is not None:
@@ -173,6 +176,15 @@ def _install_listener() -> None:
 
     listener._cachebake = True
     knobs.compilation.listener = listener
+
+
+def _install_record() -> None:
+    """The compile record (cachebake.replay.recorder) and, when a cross-target bake asked for
+    it, Triton compiling for that target (cachebake.replay.cross)."""
+    from cachebake.replay import cross, recorder
+
+    recorder.install(lambda: _state.log_path)
+    cross.activate_from_env()
 
 
 def _install_manager() -> None:

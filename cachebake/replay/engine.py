@@ -1,0 +1,307 @@
+"""``cachebake replay``: compile a record for a target, on any machine, in N processes.
+
+Plan: every recorded launch once (entries of several recorded targets that are the same
+launch count once), plus, for each autotuned kernel, every candidate config it tried at each
+specialization it was tuned at, so the first serve-time autotune only benchmarks.  Then the
+plan's entries compile in a pool of worker processes into a fresh cache; launcher helpers are
+built from the compiled kernels' launcher sources; recorded autotune results are carried only
+when the target is the one they were measured on (another GPU's timings would pick its
+configs).  What cannot be compiled as recorded (module not importable here, source changed,
+a constexpr that is not data, a compile error for this target) is reported, never guessed.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from cachebake.errors import BadInput, Unsupported
+from cachebake.replay.record import RECORD_MEDIA_TYPE, AutotuneSpec, CompileRecord, CompileSpec
+
+
+@dataclass
+class LoadedRecord:
+    record: CompileRecord
+    source: str
+    layer_root: str | None = None  # the bake's serving root, where the source was an artifact
+    fingerprints: dict = field(default_factory=dict)  # target -> the source bake's fingerprint
+
+
+def load_record(source: os.PathLike | str) -> LoadedRecord:
+    """A record from an artifact (every target's bake merged), a record JSON file, or a
+    monitor's ``*.record.jsonl`` log."""
+    path = Path(source)
+    if not path.exists():
+        raise BadInput(f"{path}: no such artifact or record")
+    if path.is_dir():
+        from cachebake.artifact import oci
+
+        art = oci.open_artifact(path)
+        record, layer_root, fingerprints = CompileRecord(), None, {}
+        for target in art.targets():
+            ref = art.select(target)
+            fingerprints[target] = ref.manifest.fingerprint
+            desc = ref.manifest.record
+            if not desc:
+                continue
+            if desc.get("mediaType") != RECORD_MEDIA_TYPE:
+                raise Unsupported(f"{path}: {target}'s record is a {desc.get('mediaType')!r}")
+            record.add(CompileRecord.from_dict(art.read_json_blob(desc)))
+            layer_root = layer_root or ref.manifest.layer_root
+        if not record.compiles:
+            raise BadInput(f"{path} carries no compile record (baked before records existed, "
+                           "or packed with `cachebake pack`): rebuild it with `cachebake build`")
+        return LoadedRecord(record, str(path), layer_root, fingerprints)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise BadInput(f"{path}: {e.strerror}") from None
+    if path.name.endswith(".jsonl"):
+        from cachebake.replay.recorder import load_record_log
+
+        return LoadedRecord(load_record_log(path), str(path))
+    return LoadedRecord(CompileRecord.from_json(data), str(path))
+
+
+@dataclass
+class Plan:
+    compiles: list[CompileSpec]
+    carry: list[AutotuneSpec]  # autotune results to write (recorded on this target)
+    derived: int  # autotune candidates added that the record had not compiled
+    not_carried: int  # autotune results measured on another target
+    problems: list[str] = field(default_factory=list)
+
+
+def plan(record: CompileRecord, target: str) -> Plan:
+    by_id: dict[str, CompileSpec] = {}
+    for spec in record.compiles:
+        by_id.setdefault(spec.spec_id(), spec)
+    by_hash = {(c.target, c.hash): c for c in record.compiles}
+    derived, problems = 0, []
+    for tune in record.autotune:
+        bases = [by_hash[(tune.target, h)] for h in tune.compiles if (tune.target, h) in by_hash]
+        if not bases:
+            problems.append(f"{tune.kernel.label} key {tune.tuning_key}: no compile of it was "
+                            "recorded, its candidates cannot be derived")
+            continue
+        for base in bases:
+            for config in tune.configs:
+                try:
+                    spec = with_config(base, config)
+                except ValueError as e:
+                    problems.append(f"{tune.kernel.label}: {e}")
+                    continue
+                if spec.spec_id() not in by_id:
+                    by_id[spec.spec_id()] = spec
+                    derived += 1
+    carry = [t for t in record.autotune if t.target == target and t.timings and t.result_hash]
+    not_carried = sum(1 for t in record.autotune if t.target != target)
+    return Plan(sorted(by_id.values(), key=lambda s: (s.kernel.name, s.spec_id())), carry,
+                derived, not_carried, problems)
+
+
+def with_config(base: CompileSpec, config) -> CompileSpec:
+    """``base`` launched with another autotune config: its kwargs replace the constexprs of
+    those names, its launch options replace num_warps/num_stages/num_ctas/maxnreg (as
+    Autotuner.run passes ``config.all_kwargs()`` to the kernel)."""
+    spec = copy.deepcopy(base)
+    names = [name for name, _ in spec.signature]
+    consts = {tuple(p): i for i, (p, _) in enumerate(spec.constexprs)}
+    for name, value in config.kwargs:
+        if name not in names:
+            raise ValueError(f"config sets {name!r}, which the kernel does not take")
+        i = consts.get((names.index(name),))
+        if i is None:
+            raise ValueError(f"config sets {name!r}, which is not a constexpr of the recorded launch")
+        spec.constexprs[i] = [spec.constexprs[i][0], value]
+    spec.options.update(num_warps=config.num_warps, num_stages=config.num_stages,
+                        num_ctas=config.num_ctas, maxnreg=config.maxnreg)
+    spec.hash, spec.verified, spec.seen = "", False, "derived"
+    return spec
+
+
+@dataclass
+class CompileResult:
+    target: str
+    jobs: int
+    planned: int = 0
+    compiled: int = 0  # real compiles written
+    already: int = 0  # entries the cache already held
+    derived: int = 0
+    autotune_carried: int = 0
+    autotune_not_carried: int = 0
+    helpers_built: int = 0
+    key_mismatches: int = 0
+    same_triton_build: bool = False  # the record was made by this Triton build (keys must match)
+    compile_seconds: float = 0.0  # summed over workers
+    seconds: float = 0.0  # wall
+    problems: list[str] = field(default_factory=list)
+    replayed: list[CompileSpec] = field(default_factory=list)  # entries for ``target``, with hashes
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "replayed"}
+        d["compile_seconds"] = round(self.compile_seconds, 3)
+        d["seconds"] = round(self.seconds, 3)
+        return d
+
+
+def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | str, *,
+                   jobs: int | None = None, carry_autotune: bool = True,
+                   progress: Callable[[str], None] | None = None) -> CompileResult:
+    """Compile ``record`` for ``target`` into ``cache_dir`` (a Triton cache dir) in ``jobs``
+    worker processes.  Problems are collected in the result, not raised."""
+    from cachebake.artifact.fingerprint import GPUTargetSpec
+    from cachebake.replay import worker
+
+    spec_t = GPUTargetSpec.parse(target)
+    if spec_t.backend != "cuda":
+        raise Unsupported(f"replay compiles for CUDA targets only (asked for {spec_t.key})")
+    target = spec_t.key
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    t0 = time.monotonic()
+    p = plan(record, target)
+    res = CompileResult(target=target, jobs=jobs, planned=len(p.compiles), derived=p.derived,
+                        autotune_not_carried=p.not_carried, problems=list(p.problems))
+    env = dict(p.compiles[0].env_vars) if p.compiles else {}
+    cache_dir = os.path.abspath(os.fspath(cache_dir))
+    os.makedirs(cache_dir, exist_ok=True)
+    from cachebake.replay.recorder import triton_build
+
+    same_build = record.triton_key is not None and record.triton_key == triton_build()["triton_key"]
+    res.same_triton_build = same_build
+    ctx = multiprocessing.get_context("spawn")  # a clean Triton per worker, whatever the parent imported
+    stub_dir = tempfile.mkdtemp(prefix="cachebake-stub-")
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=worker.init_worker,
+                                 initargs=(cache_dir, env)) as pool:
+            futures = {pool.submit(worker.compile_job, s.to_dict(), target): s for s in p.compiles}
+            launchers: dict[str, None] = {}
+            for n, fut in enumerate(as_completed(futures), 1):
+                spec, out = futures[fut], fut.result()
+                res.compile_seconds += out.get("seconds", 0.0)
+                if not out["ok"]:
+                    res.problems.append(out["problem"])
+                    continue
+                if out["cache_hit"]:
+                    res.already += 1
+                else:
+                    res.compiled += 1
+                launchers[out["launcher"]] = None
+                done = copy.deepcopy(spec)
+                done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
+                res.replayed.append(done)
+                # The same Triton build must reproduce the recorded key; another build (version,
+                # wheel, Python tag) keys everything anew, which is what a rebuild is for.
+                if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
+                    res.key_mismatches += 1
+                    res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
+                                        f"({out['hash'][:12]} vs {spec.hash[:12]}): {spec.label()}")
+                if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
+                    progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
+            helper_futures = [pool.submit(worker.helper_job, worker.cuda_utils_source(), "cuda_utils", stub_dir)]
+            helper_futures += [pool.submit(worker.helper_job, src, "__triton_launcher", stub_dir)
+                               for src in launchers]
+            tune_futures = ([pool.submit(worker.autotune_job, t.to_dict(), target) for t in p.carry]
+                            if carry_autotune else [])
+            for fut in helper_futures:
+                out = fut.result()
+                if not out["ok"]:
+                    res.problems.append(out["problem"])
+                elif not out["cache_hit"]:
+                    res.helpers_built += 1
+            for fut in tune_futures:
+                out = fut.result()
+                if out["ok"]:
+                    res.autotune_carried += 1
+                else:
+                    res.problems.append(out["problem"])
+    finally:
+        shutil.rmtree(stub_dir, ignore_errors=True)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+@dataclass
+class ReplayReport:
+    source: str
+    out: str
+    result: CompileResult
+    pack: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.result.problems
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "out": self.out, "target": self.result.target,
+                **self.result.to_dict(), "pack": self.pack}
+
+    def render(self, console) -> None:
+        r = self.result
+        console.print(f"replayed {self.source} for {r.target} into {self.out}: {r.compiled} compiled "
+                      f"({r.already} already there, {r.derived} autotune candidates added), "
+                      f"{r.helpers_built} launcher helpers, {r.autotune_carried} autotune results "
+                      f"carried ({r.autotune_not_carried} measured on another target, not carried); "
+                      f"{r.jobs} jobs, {r.seconds:.1f} s wall, {r.compile_seconds:.1f} s compiling")
+        for line in r.problems:
+            console.print(f"  problem: {line}", markup=False)
+
+
+def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jobs: int | None = None,
+           partial: bool = False, layer_root: str | None = None, gpu_name: str | None = None,
+           progress: Callable[[str], None] | None = None) -> ReplayReport:
+    """The whole of ``cachebake replay``: load, compile into a fresh cache, pack."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    loaded = load_record(source)
+    out_path = Path(out).absolute()
+    work = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.replay-",
+                                 dir=out_path.parent if out_path.parent.is_dir() else None))
+    try:
+        cache = work / "triton"
+        result = compile_record(loaded.record, target, cache, jobs=jobs, progress=progress)
+        if result.problems and not partial:
+            err = Unsupported(f"{len(result.problems)} record entries could not be replayed for "
+                              f"{result.target}; nothing written (--partial packs the rest)\n"
+                              + "\n".join(result.problems[:20]))
+            err.report = ReplayReport(loaded.source, str(out_path), result)
+            raise err
+        if not result.replayed:
+            raise BadInput(f"{source}: nothing was replayed for {result.target}")
+        record_out = copy.deepcopy(loaded.record).add(CompileRecord(compiles=result.replayed))
+        bake = {"replay": {"from": loaded.source, "record_targets": loaded.record.targets(),
+                           "jobs": result.jobs, **result.to_dict()},
+                "unverified_on_target": {"how": "replay", "built_on": None}}
+        packed = pack_artifact([CacheRoot("triton", cache)], out_path, target=result.target, bake=bake,
+                               layer_root=layer_root or loaded.layer_root, record=record_out,
+                               fingerprint_from=serving_fingerprint(loaded, result.target, gpu_name))
+        return ReplayReport(loaded.source, str(out_path), result,
+                            {"manifest_digest": packed.manifest_digest, "targets": packed.targets,
+                             "layer_digest": packed.manifest.layer.digest})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def serving_fingerprint(loaded: LoadedRecord, target: str, gpu_name: str | None) -> dict:
+    """What the replayed bake's fingerprint takes from the source bake rather than from this
+    machine: the serving side's torch and vLLM versions (this machine's only imports the
+    kernels), and the GPU name where the target is the source's (else ``--gpu-name``)."""
+    source = loaded.fingerprints.get(target) or next(iter(loaded.fingerprints.values()), {})
+    out = {k: source[k] for k in ("torch_version", "vllm_version") if k in source}
+    name = gpu_name or (loaded.fingerprints.get(target) or {}).get("gpu_name")
+    if name:
+        out["gpu_name"] = name
+    return out
+
+
+def stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

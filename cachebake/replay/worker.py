@@ -1,0 +1,286 @@
+"""Compile one record entry for a target: the code that runs in replay's worker processes.
+
+Everything here rebuilds exactly what Triton 3.6's JIT hands ``triton.compile`` for a launch
+(runtime/jit.py ``_pack_args``/``_do_compile``): the ``ASTSource`` (signature in argument
+order, constexprs and attrs keyed by argument paths), the launch options parsed by the target's
+backend, and the cache-invalidating variables.  Given those, ``triton.compile(src, target=...)``
+writes the entry under the key a launch on that target computes, with no GPU and no libcuda.
+
+Launcher helpers: ``cuda_utils`` and ``__triton_launcher`` are C sources Triton builds with
+gcc and caches under ``sha256(source + platform)`` (runtime/build.py
+``compile_module_from_src``); the source depends on the signature and constants, never on the
+GPU.  ``build_helper`` builds and stores them the same way but does not load them (loading
+needs libcuda).  Linking wants a ``libcuda.so.1``; where none is installed a stub with that
+soname stands in: the helper only records the dependency, the real library is bound when a
+server loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from cachebake.replay.record import AutotuneSpec, CompileSpec, KernelRef
+
+
+class ReplayProblem(Exception):
+    """An entry that cannot be compiled as recorded; the message says why (one line)."""
+
+
+def target_of(text: str):
+    from triton.backends.compiler import GPUTarget
+
+    from cachebake.artifact.fingerprint import GPUTargetSpec
+
+    t = GPUTargetSpec.parse(text)
+    return GPUTarget(t.backend, t.arch, t.warp_size)
+
+
+def resolve_kernel(ref: KernelRef):
+    """The JITFunction ``ref`` names, checked against the recorded source hash."""
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    if "<locals>" in ref.qualname or ref.module == "__main__":
+        raise ReplayProblem(f"{ref.label}: not importable by name (defined in a function or a script)")
+    try:
+        obj = importlib.import_module(ref.module)
+    except Exception as e:
+        raise ReplayProblem(f"{ref.label}: module {ref.module} does not import here: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    for part in ref.qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ReplayProblem(f"{ref.label}: {ref.module} has no {ref.qualname}")
+    seen = 0
+    while not isinstance(obj, JITFunction):
+        obj, seen = getattr(obj, "fn", None), seen + 1
+        if obj is None or seen > 16:
+            raise ReplayProblem(f"{ref.label}: not a @triton.jit function")
+    if obj.cache_key != ref.source_hash:
+        raise ReplayProblem(f"{ref.label}: source differs from the recorded kernel "
+                            f"(hash {obj.cache_key[:12]} here, {ref.source_hash[:12]} recorded)")
+    return obj
+
+
+def decode_value(v):
+    if not isinstance(v, dict):
+        return v
+    if "tuple" in v:
+        return tuple(decode_value(x) for x in v["tuple"])
+    if "list" in v:
+        return [decode_value(x) for x in v["list"]]
+    if "float" in v:
+        return float(v["float"])
+    if "constexpr" in v:
+        import triton.language as tl
+
+        return tl.constexpr(decode_value(v["constexpr"]))
+    if "dtype" in v:
+        import triton.language as tl
+
+        return tl.dtype(v["dtype"])
+    if "jit" in v:
+        return resolve_kernel(KernelRef(**v["jit"]))
+    raise ReplayProblem(f"a constexpr of type {v.get('unsupported', '?')} ({v.get('repr', '')}) "
+                        "is not data: it cannot be rebuilt from the record")
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def build_source(spec: CompileSpec, fn=None):
+    """The ASTSource the JIT would build for this launch."""
+    from triton.compiler import ASTSource
+
+    fn = fn or resolve_kernel(spec.kernel)
+    signature = {name: _tuples(ty) for name, ty in spec.signature}
+    constexprs = {tuple(path): decode_value(v) for path, v in spec.constexprs}
+    attrs = {tuple(path): value for path, value in spec.attrs}
+    return ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+
+
+def compile_options(spec: CompileSpec) -> dict:
+    """The launch options, lists back to tuples (JSON has no tuples; Triton hashes reprs)."""
+    return {k: _tuples(v) for k, v in spec.options.items()}
+
+
+def spec_key(spec: CompileSpec, target, fn=None, env_vars: dict | None = None) -> str:
+    """The key hash ``triton.compile`` computes for this entry on ``target`` (sha256 hex)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key
+
+    if isinstance(target, str):
+        target = target_of(target)
+    src = build_source(spec, fn)
+    backend = make_backend(target)
+    options = backend.parse_options(compile_options(spec))
+    env = spec.env_vars if env_vars is None else env_vars
+    return hashlib.sha256(get_cache_key(src, backend, options, env).encode()).hexdigest()
+
+
+def autotune_result_hash(spec: AutotuneSpec, target, fn=None) -> str:
+    """The key Autotuner.check_disk_cache computes for this tuning key on ``target``."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import triton_key
+
+    if isinstance(target, str):
+        target = target_of(target)
+    fn = fn or resolve_kernel(spec.kernel)
+    parts = [triton_key(), make_backend(target).hash(), fn.cache_key,
+             str(sorted(spec.env_vars.items())), spec.tuning_key]
+    parts += [config_text(c) for c in spec.configs]
+    return hashlib.sha256("-".join(parts).encode()).hexdigest()
+
+
+def make_config(c):
+    from triton import Config
+
+    return Config({k: decode_value(v) for k, v in c.kwargs}, num_warps=c.num_warps,
+                  num_stages=c.num_stages, num_ctas=c.num_ctas, maxnreg=c.maxnreg)
+
+
+def config_text(c) -> str:
+    return str(make_config(c))
+
+
+def check_env(spec_env: dict) -> None:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    here = dict(sorted(get_cache_invalidating_env_vars().items()))
+    if here != dict(sorted(spec_env.items())):
+        raise ReplayProblem(f"cache-invalidating variables differ: recorded {spec_env}, here {here}")
+
+
+# -- what a worker process runs ----------------------------------------------------------------
+
+def init_worker(cache_dir: str, env: dict[str, str]) -> None:
+    """Pool initializer: the fresh cache and the recorded variables, before Triton reads them."""
+    os.environ.update(env)
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+
+
+def compile_job(spec_dict: dict, target_text: str) -> dict:
+    """Compile one entry for ``target_text``; a plain dict back (it crosses processes)."""
+    t0 = time.monotonic()
+    spec = CompileSpec.from_dict(spec_dict)
+    out = {"spec_id": spec.spec_id(), "label": spec.label(), "kernel": spec.kernel.label}
+    try:
+        import triton
+
+        check_env(spec.env_vars)
+        target = target_of(target_text)
+        fn = resolve_kernel(spec.kernel)
+        src = build_source(spec, fn)
+        events = []
+        triton.knobs.compilation.listener = (
+            lambda *, src, metadata, metadata_group, times, cache_hit: events.append(cache_hit))
+        kernel = triton.compile(src, target=target, options=compile_options(spec))
+        out.update(ok=True, hash=kernel.hash, cache_hit=bool(events and events[-1]),
+                   launcher=launcher_source(src, kernel.metadata))
+    except ReplayProblem as e:
+        out.update(ok=False, problem=str(e))
+    except Exception as e:  # a compile error for this target: reported with the entry
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        out.update(ok=False, problem=f"{spec.kernel.label}: compile failed for {target_text}: "
+                                     f"{type(e).__name__}: {first}")
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def autotune_job(spec_dict: dict, target_text: str) -> dict:
+    """Write a recorded autotune result where this Triton looks for it on ``target_text``
+    (the recorded target only: timings from another GPU would pick wrong configs)."""
+    import json
+
+    from triton.runtime.cache import get_cache_manager
+
+    spec = AutotuneSpec.from_dict(spec_dict)
+    try:
+        check_env(spec.env_vars)
+        fn = resolve_kernel(spec.kernel)
+        for c in spec.configs:
+            if c.text and config_text(c) != c.text:
+                raise ReplayProblem(f"{spec.kernel.label}: config {c.text!r} does not rebuild exactly")
+        key = autotune_result_hash(spec, target_of(target_text), fn)
+        timings = [(make_config(c).__dict__, t) for c, t in zip(spec.configs, spec.timings or [])]
+        cache = get_cache_manager(key)
+        body = json.dumps({"key": _tuning_values(spec.tuning_key), "configs_timings": timings},
+                          default=lambda o: None)
+        cache.put(body, f"{fn.__name__[:150]}.autotune.json", binary=False)
+        return {"ok": True, "kernel": spec.kernel.label, "hash": key}
+    except ReplayProblem as e:
+        return {"ok": False, "kernel": spec.kernel.label, "problem": str(e)}
+
+
+def _tuning_values(text: str):
+    """The tuning key's values for the file's "key" field (informational: Triton reads only
+    configs_timings back)."""
+    import ast
+
+    try:
+        return list(ast.literal_eval(text))
+    except (ValueError, SyntaxError):
+        return text
+
+
+def launcher_source(src, metadata) -> str:
+    """The C source of this kernel's ``__triton_launcher`` (triton/backends/nvidia/driver.py
+    CudaLauncher.__init__, without building or loading it)."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    constants = getattr(src, "constants", None) or {}
+    arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731
+    constants = {arg_idx(k): v for k, v in constants.items()}
+    signature = dict(src.signature.items())
+    return make_launcher(constants, signature, getattr(metadata, "tensordesc_meta", None))
+
+
+def cuda_utils_source() -> str:
+    from triton.backends.nvidia import driver
+
+    return Path(driver.dirname, "driver.c").read_text()
+
+
+def helper_job(c_source: str, name: str, stub_dir: str) -> dict:
+    """Build one helper into the cache as ``compile_module_from_src`` would (not loaded)."""
+    from triton.backends.nvidia import driver
+    from triton.runtime.build import _build, platform_key
+    from triton.runtime.cache import get_cache_manager
+
+    key = hashlib.sha256((c_source + platform_key()).encode()).hexdigest()
+    cache = get_cache_manager(key)
+    filename = f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if cache.get_file(filename):
+        return {"ok": True, "name": name, "hash": key, "cache_hit": True}
+    try:
+        libs = driver.library_dirs()
+    except Exception:  # no libcuda here: link against a stub of the same soname
+        libs = [driver.libdevice_dir, _stub_libcuda(stub_dir)]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            c_path = os.path.join(tmp, name + ".c")
+            Path(c_path).write_text(c_source)
+            so = _build(name, c_path, tmp, libs, driver.include_dirs, driver.libraries, [])
+            cache.put(Path(so).read_bytes(), filename, binary=True)
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as e:
+        return {"ok": False, "name": name, "problem": f"building {name} failed: {e}"}
+    return {"ok": True, "name": name, "hash": key, "cache_hit": False}
+
+
+def _stub_libcuda(stub_dir: str) -> str:
+    path = Path(stub_dir) / "libcuda.so.1"
+    if not path.exists():
+        Path(stub_dir).mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".libcuda.{os.getpid()}.so")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-x", "c", "/dev/null", "-o", str(tmp),
+                        "-Wl,-soname,libcuda.so.1"], check=True, capture_output=True)
+        os.replace(tmp, path)
+    return stub_dir
