@@ -36,6 +36,8 @@ from cachebake.runtime import MISS_LOG_ENV, MISS_LOG_NAME, OVERLAY_ENV, POD_ENV
 FORMAT = 1
 HELPER_SUFFIXES = (".so",)  # Triton names its helpers <name><EXT_SUFFIX>, .so on Linux
 _AUTOTUNE_SUFFIX = ".autotune.json"
+NO_LISTENER = ("the compilation listener did not run for this compile (it started before "
+               "cachebake.runtime was imported, or the program replaced the listener)")
 
 
 def log_path() -> str | None:
@@ -141,7 +143,8 @@ def note_kernel_miss(key: str, metadata_filename: str, seconds: float | None, st
     with _pending_lock:
         stale = [k for k, (tid, _) in _pending.items() if tid == me]
         lines = [_pending.pop(k)[1] for k in stale]
-        _pending[key] = (me, _entry("kernel", kernel, key, seconds, stored, record=None))
+        _pending[key] = (me, _entry("kernel", kernel, key, seconds, stored, record=None,
+                                    record_error=NO_LISTENER))
     for line in lines:  # the listener did not come for these: log what we know
         write(line)
 
@@ -172,6 +175,7 @@ def _on_compile(src, metadata, times) -> None:
     if pending is None:  # not a miss of the layered cache (another manager, a dump...)
         return
     entry = pending[1]
+    entry.pop("record_error", None)
     if times is not None and getattr(times, "total", None) is not None:
         entry["seconds"] = round(times.total / 1e6, 4)
     try:
