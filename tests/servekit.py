@@ -96,3 +96,13 @@ def tree_state(root: os.PathLike | str) -> dict:
 def miss_lines(path: os.PathLike | str) -> list[dict]:
     p = Path(path)
     return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+def relocate(cache: Path, root: str | None = None) -> Path:
+    """Point ``cache``'s group files at ``root`` (default: where it is), as install and pack do
+    (a copy of a cache still names where it was built)."""
+    from cachebake.artifact.groups import relocated_group
+
+    for grp in cache.glob("*/__grp__*.json"):
+        grp.write_bytes(relocated_group(grp.read_bytes(), f"{root or cache}/{grp.parent.name}"))
+    return cache

@@ -26,22 +26,6 @@ NOT_IN_BAKE = ["add_kernel", aot.SPECS[0][1], {"BLOCK": 2048}, {}, {}]
 ALSO_NOT_IN_BAKE = ["rowsum_kernel", aot.SPECS[4][1], {"N": 256}, {}, {"num_warps": 4}]
 
 
-def relocate(cache: Path, root: str | None = None) -> Path:
-    """Point ``cache``'s group files at ``root`` (default: where it is), as install and pack do
-    (the fixture's copy still names where it was built)."""
-    from cachebake.artifact.groups import relocated_group
-
-    for grp in cache.glob("*/__grp__*.json"):
-        grp.write_bytes(relocated_group(grp.read_bytes(), f"{root or cache}/{grp.parent.name}"))
-    return cache
-
-
-@pytest.fixture
-def installed(triton_cache) -> Path:
-    """The fixture's real sm_90 cache as install leaves it: group files naming where it is."""
-    return relocate(triton_cache)
-
-
 @pytest.fixture
 def triton_knobs(monkeypatch):
     """Triton's cache knobs for an in-process test, restored after (Triton's own scope)."""
@@ -89,7 +73,7 @@ def test_hits_wherever_the_bake_is_mounted(triton_cache, triton_knobs, tmp_path)
 
     mounted = tmp_path / "mounted" / "triton"
     shutil.move(str(triton_cache), mounted)
-    relocate(mounted, "/var/cache/cachebake/triton")
+    servekit.relocate(mounted, "/var/cache/cachebake/triton")
     triton_knobs.cache.dir = str(mounted)
     for key, name in _groups(mounted):
         assert name not in (FileCacheManager(key).get_group(name) or {})  # Triton: a miss
@@ -117,7 +101,7 @@ def test_read_only_bake_as_nobody(installed, public_tmp):
     uid 65534.  Triton's manager raises PermissionError at the first kernel the bake lacks;
     the layered one serves it from the overlay, logs it, and leaves the tree byte-identical."""
     base = public_tmp / "bake" / "triton"
-    relocate(Path(shutil.copytree(installed, base)))
+    servekit.relocate(Path(shutil.copytree(installed, base)))
     os.system(f"chmod -R a-w,a+rX {public_tmp / 'bake'}")
     before = servekit.tree_state(base)
     overlay = public_tmp / "overlay"
@@ -151,7 +135,7 @@ def test_read_only_bake_as_nobody(installed, public_tmp):
 @pytest.mark.parametrize("overlay", ["unset", "unwritable"])
 def test_no_usable_overlay_spills_and_logs_to_stderr(installed, public_tmp, overlay):
     base = public_tmp / "triton"
-    relocate(Path(shutil.copytree(installed, base)))
+    servekit.relocate(Path(shutil.copytree(installed, base)))
     os.system(f"chmod -R a-w,a+rX {base}")
     env = servekit.serve_env(base, public_tmp / "root-owned" if overlay == "unwritable" else None)
     if overlay == "unset":

@@ -64,19 +64,22 @@ class MissReport:
                 "groups": [g.to_dict() for g in self.groups]}
 
     def render(self, console) -> None:
-        from rich.table import Table
-
+        """One entry per group, two lines each: fits any terminal width."""
         console.print(f"{self.misses} misses of {len(self.groups)} kernels/specializations from "
                       f"{len(self.replicas)} replicas in {len(self.logs)} logs"
-                      + (f"; {self.unreadable} unreadable lines skipped" if self.unreadable else ""))
-        if not self.groups:
-            return
-        t = Table("kind", "kernel", "specialization", "count", "replicas", "first seen",
-                  "last seen", "seconds")
+                      + (f"; {self.unreadable} unreadable lines skipped" if self.unreadable else ""),
+                      highlight=False)
         for g in self.groups:
-            t.add_row(g.kind, g.kernel, g.specialization, str(g.count), str(len(g.replicas)),
-                      g.first_seen, g.last_seen, f"{g.seconds:.2f}")
-        console.print(t)
+            kind = "" if g.kind == "kernel" else f" ({g.kind})"
+            console.print(f"{g.count:>5}x  [bold]{g.kernel}[/]{kind}  on {len(g.replicas)} "
+                          f"replica{'s' * (len(g.replicas) != 1)}, {_short_time(g.first_seen)} .. "
+                          f"{_short_time(g.last_seen)} UTC, {g.seconds:.2f} s", highlight=False)
+            console.print(f"        {g.specialization}", highlight=False, markup=False)
+
+
+def _short_time(iso: str) -> str:
+    """``2026-11-30T20:02:12.920Z`` -> ``11-30 20:02:12`` for the table (JSON keeps it all)."""
+    return iso[5:19].replace("T", " ") if len(iso) >= 19 else iso
 
 
 def log_files(paths: list[str]) -> list[Path]:

@@ -100,7 +100,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
-def _entry(kind: str, kernel: str, key: str, seconds: float | None, stored: str, **extra) -> dict:
+def make_entry(kind: str, kernel: str, key: str, seconds: float | None, stored: str, **extra) -> dict:
     return {"cachebake_miss": FORMAT, "kind": kind, "kernel": kernel, "key": key,
             "seconds": seconds, "stored": stored, "time": _now(), **_identity(), **extra}
 
@@ -129,10 +129,10 @@ def note_file_miss(key: str, filename: str, data: bytes, seconds: float | None, 
             extra["configs"] = [c for c, _ in extra["timings"] or []]
         except (ValueError, TypeError, AttributeError):
             extra = {"unreadable": True}
-        write(_entry("autotune", filename[: -len(_AUTOTUNE_SUFFIX)], key, seconds, stored, **extra))
+        write(make_entry("autotune", filename[: -len(_AUTOTUNE_SUFFIX)], key, seconds, stored, **extra))
     else:
         name = filename.split(".", 1)[0]
-        write(_entry("helper", name, key, seconds, stored, file=filename))
+        write(make_entry("helper", name, key, seconds, stored, file=filename))
 
 
 def note_kernel_miss(key: str, metadata_filename: str, seconds: float | None, stored: str) -> None:
@@ -143,7 +143,7 @@ def note_kernel_miss(key: str, metadata_filename: str, seconds: float | None, st
     with _pending_lock:
         stale = [k for k, (tid, _) in _pending.items() if tid == me]
         lines = [_pending.pop(k)[1] for k in stale]
-        _pending[key] = (me, _entry("kernel", kernel, key, seconds, stored, record=None,
+        _pending[key] = (me, make_entry("kernel", kernel, key, seconds, stored, record=None,
                                     record_error=NO_LISTENER))
     for line in lines:  # the listener did not come for these: log what we know
         write(line)
