@@ -35,6 +35,11 @@ def render_bake(ref) -> None:
     for key in ("rounds", "compiles", "compile_seconds", "autotune_seconds"):
         if key in m.bake:
             t.add_row(key, str(m.bake[key]))
+    for fold in m.bake.get("folded") or []:  # serve-time misses compiled in (replay --misses)
+        carried = sum(a.get("result") == "carried" for a in fold.get("autotune") or [])
+        t.add_row("folded", f"{len(fold.get('kernels') or [])} kernels and {carried} autotune results "
+                  f"from {fold.get('logs')} miss logs at {fold.get('at')} onto layer "
+                  f"{str(fold.get('base_layer_digest'))[:19]}; {len(fold.get('failed') or [])} not folded")
     console.print(t)
     names: dict[str, int] = {}
     for k in m.inventory.kernels:
