@@ -21,6 +21,8 @@ while not os.path.exists({go!r}):  # start together
 pad = "x" * 3000  # lines of ~3 KB: well past a pipe's atomic size, as records with long signatures are
 for i in range(n):
     misslog.write(misslog.make_entry("kernel", name, "KEY", 0.1, "overlay", seq=i, pad=pad))
+    if i % 100 == 99:
+        time.sleep(0.002)  # let the other writer run even on a loaded machine: they must overlap
 """
 
 
