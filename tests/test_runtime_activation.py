@@ -39,7 +39,7 @@ def test_install_overlay_env_serves_misses(installed, tmp_path):
     out = servekit.run_server([IN_BAKE, NOT_IN_BAKE], server_env)
     assert out["cache_hits"] == [True, False] and out["error"] is None, out["stderr"]
     (line,) = servekit.miss_lines(overlay / "misses.jsonl")
-    assert line["kernel"] == "add_kernel" and line["record"]["constant_vals"] == [2048]
+    assert line["kernel"] == "add_kernel" and line["record"]["constexprs"] == [[[4], 2048]]
 
     text = CliRunner().invoke(main, ["install", str(art), "--to", str(srv), "--target", "sm_90",
                                      "--overlay", str(overlay)])

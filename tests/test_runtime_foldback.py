@@ -100,10 +100,10 @@ def test_fold_then_hit_at_another_path(base, served, tmp_path):
 
 def test_unreplayable_misses_are_reported(base, tmp_path):
     log = tmp_path / "misses.jsonl"
-    record = {"version": 1, "kernel": "k", "module": "no_such_module_here", "qualname": "k",
-              "source_hash": "0", "signature": {}, "constant_keys": [], "constant_vals": [],
-              "attrs_keys": [], "attrs_vals": [], "options": {},
-              "target": {"backend": "cuda", "arch": 90, "warp_size": 32}, "env_vars": {}}
+    record = {"kernel": {"module": "no_such_module_here", "qualname": "k", "name": "k",
+                         "source_hash": "0"},
+              "signature": [], "constexprs": [], "attrs": [], "options": {}, "env_vars": {},
+              "target": "cuda:90", "hash": "0" * 64, "verified": False, "seen": "compile"}
     lines = [misslog.make_entry("kernel", "k", "K" * 52, 1.0, "overlay", record=record),
              misslog.make_entry("kernel", "j", "J" * 52, 1.0, "overlay", record=None,
                                 record_error=misslog.NO_LISTENER),
@@ -125,7 +125,7 @@ def test_source_changed_since_the_miss(base, served, tmp_path):
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     for e in lines:
         if e.get("record"):
-            e["record"]["source_hash"] = "0" * 64
+            e["record"]["kernel"]["source_hash"] = "0" * 64
     edited = tmp_path / "edited.jsonl"
     edited.write_text("".join(json.dumps(e) + "\n" for e in lines))
     report = foldback.fold_misses(base, [str(edited)], tmp_path / "out")

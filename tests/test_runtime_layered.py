@@ -124,8 +124,12 @@ def test_read_only_bake_as_nobody(installed, public_tmp):
     first = lines[0]
     assert first["key"] == missed["key"] and first["stored"] == "overlay"
     assert first["pod"] == "vllm-0" and first["namespace"] == "serving" and first["seconds"] > 0
-    assert first["record"]["constant_vals"] == [2048] and first["record"]["module"] == "aot"
-    assert lines[1]["record"]["options"] == {}  # num_warps=4 is the default
+    rec = first["record"]
+    assert rec["constexprs"] == [[[4], 2048]] and rec["kernel"]["module"] == "aot"
+    assert rec["target"] == "cuda:90" and rec["options"]["num_warps"] == 4
+    assert rec["signature"][0] == ["x_ptr", "*fp32"]  # argument order, as the key hashes it
+    from triton.runtime.cache import _base32
+    assert _base32(rec["hash"]) == first["key"]
 
     again = servekit.run_server(specs, env, runner=as_nobody)  # a second worker: overlay hits
     assert again["cache_hits"] == [True, True, True, True]

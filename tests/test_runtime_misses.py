@@ -41,7 +41,7 @@ def test_merge_two_replicas(two_replicas):
     assert (first.kernel, first.count, first.replicas) == ("rowsum_kernel", 2, ["vllm-a", "vllm-b"])
     assert first.first_seen < first.last_seen and "N=256" in first.specialization
     assert (second.kernel, second.count, second.replicas) == ("add_kernel", 1, ["vllm-a"])
-    assert second.specialization == "*fp32,*fp32,*fp32,i32 BLOCK=2048"
+    assert second.specialization == "*fp32,*fp32,*fp32,i32 BLOCK=2048 num_warps=4 num_stages=3"
     assert second.first_seen == second.last_seen and second.seconds > 0
 
 
@@ -53,7 +53,7 @@ def test_cli_misses(two_replicas):
     doc = json.loads(res.output)
     assert doc["cachebake"] == 1 and doc["command"] == "misses" and doc["ok"] is True
     assert [(g["kernel"], g["count"]) for g in doc["groups"]] == [("rowsum_kernel", 2), ("add_kernel", 1)]
-    assert doc["groups"][0]["record"]["constant_vals"] == [256]
+    assert doc["groups"][0]["record"]["constexprs"] == [[[3], 256]]
     text = runner.invoke(main, ["misses", str(two_replicas)])
     assert text.exit_code == 0 and "3 misses of 2 kernels/specializations from 2 replicas" in text.output
     assert "rowsum_kernel" in text.output

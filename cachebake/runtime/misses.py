@@ -131,17 +131,25 @@ def specialization(entry: dict) -> str:
     rec = entry.get("record") or {}
     if not rec:
         return "(no record)"
-    sig = rec.get("signature") or {}
-    names = list(sig)
-    types = ",".join(str(v) for v in sig.values() if v != "constexpr")
+    sig = rec.get("signature") or []
+    names = [name for name, _ in sig]
+    types = ",".join(str(ty) for _, ty in sig if ty != "constexpr")
     consts = []
-    for k, v in zip(rec.get("constant_keys") or [], rec.get("constant_vals") or []):
-        name = names[k[0]] if len(k) == 1 and k[0] < len(names) else str(k)
-        consts.append(f"{name}={v}")
-    opts = [f"{k}={v}" for k, v in (rec.get("options") or {}).items()]
-    divisible = sum(1 for v in rec.get("attrs_vals") or [] if v)
+    for path, v in rec.get("constexprs") or []:
+        name = names[path[0]] if len(path) == 1 and path[0] < len(names) else str(path)
+        consts.append(f"{name}={_value(v)}")
+    options = rec.get("options") or {}
+    opts = [f"{k}={options[k]}" for k in ("num_warps", "num_stages") if k in options]
+    divisible = sum(1 for _, v in rec.get("attrs") or [] if v)
     parts = [types] + consts + opts + ([f"{divisible} args %16"] if divisible else [])
     return " ".join(p for p in parts if p)
+
+
+def _value(v) -> str:
+    if isinstance(v, dict) and len(v) == 1:
+        kind, inner = next(iter(v.items()))
+        return f"{inner}" if kind in ("dtype", "constexpr") else f"{kind}:{inner}"
+    return str(v)
 
 
 def merge(paths: list[str]) -> MissReport:

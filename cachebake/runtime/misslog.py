@@ -179,11 +179,9 @@ def _on_compile(src, metadata, times) -> None:
     if times is not None and getattr(times, "total", None) is not None:
         entry["seconds"] = round(times.total / 1e6, 4)
     try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-
         from cachebake.runtime import compile_record
 
-        entry["record"] = compile_record.encode(src, metadata, dict(get_cache_invalidating_env_vars()))
+        entry["record"] = compile_record.encode(src, metadata)
     except Exception as e:  # log the miss without its record rather than not at all
         entry["record_error"] = f"{type(e).__name__}: {e}"
     write(entry)
