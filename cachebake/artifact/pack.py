@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachebake.artifact import oci
-from cachebake.artifact.fingerprint import Fingerprint, current_fingerprint
+from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LAYER_MEDIA_TYPE, LayerWriter
 from cachebake.artifact.manifest import BakeManifest, LayerFacts, build_inventory
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
@@ -40,9 +40,9 @@ class PackReport:
 
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
                   bake: dict | None = None, layer_root: str | None = None,
-                  prune_ir: bool = False, fingerprint: dict | None = None) -> PackReport:
-    """``fingerprint``: the serving environment the cache was made for, when it is not this
-    process's (a fold-back keeps its base bake's: the keys it compiled were checked equal)."""
+                  prune_ir: bool = False, fingerprint_from: dict | None = None) -> PackReport:
+    """``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
+    when this machine is not it (a fold-back of serve-time misses keeps its base bake's)."""
     out = Path(out).absolute()
     try:
         out.exists()
@@ -53,8 +53,9 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
             raise BadInput(f"--out {out} exists and is not a cachebake artifact; refusing to overwrite it")
     # Fingerprint first: a target Triton cannot serve fails before any work.
     snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
-    fp = (Fingerprint.from_dict(fingerprint) if fingerprint is not None
-          else current_fingerprint(target, bake_paths=snap.roots))
+    fp = current_fingerprint(target, bake_paths=snap.roots)
+    for key, value in (fingerprint_from or {}).items():
+        setattr(fp, key, value)
     inventory = build_inventory(snap)
 
     try:

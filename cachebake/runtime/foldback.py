@@ -144,7 +144,7 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
         if not any(c.role == "triton" for c in roles):
             roles.append(CacheRoot("triton", triton_dir))
         packed = pack_artifact(roles, out, target=bake.target, bake=bake_section,
-                               layer_root=manifest.layer_root, fingerprint=manifest.fingerprint)
+                               layer_root=manifest.layer_root, fingerprint_from=manifest.fingerprint)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.layer_digest = packed.manifest.layer.digest
