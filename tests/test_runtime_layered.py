@@ -82,6 +82,22 @@ def test_hits_wherever_the_bake_is_mounted(triton_cache, triton_knobs, tmp_path)
         assert all(Path(p).parent == mounted / key for p in ours.values())
 
 
+def test_triton_reads_judge_as_triton_does(installed, triton_knobs, tmp_path, monkeypatch):
+    """verify's mode (CACHEBAKE_LAYERED_READS=triton): the baked tree read as Triton's own
+    manager reads it, so a bake that only the layered manager would hit is a miss there."""
+    from triton.runtime.cache import FileCacheManager
+
+    monkeypatch.setenv("CACHEBAKE_LAYERED_READS", "triton")
+    triton_knobs.cache.dir = str(installed)
+    for key, name in _groups(installed):  # group files name where the tree is: both hit
+        assert layered.LayeredCacheManager(key).get_group(name) == FileCacheManager(key).get_group(name)
+    moved = tmp_path / "moved"
+    shutil.move(str(installed), moved)  # group files now name a path that is gone
+    triton_knobs.cache.dir = str(moved)
+    for key, name in _groups(moved):
+        assert layered.LayeredCacheManager(key).get_group(name) is None
+
+
 def test_incomplete_group_is_a_miss_not_a_crash(installed, tmp_path):
     """A bake whose group names a missing cubin crashes Triton 3.6 on load; the layered
     manager treats it as a miss and recompiles into the overlay."""

@@ -22,6 +22,10 @@ MISS_LOG_ENV = "CACHEBAKE_MISS_LOG"  # default: <overlay>/misses.jsonl
 MANAGER_ENV = "TRITON_CACHE_MANAGER"  # Triton's own knob (triton/knobs.py, cache_knobs)
 MANAGER_CLASS = "cachebake.runtime.layered:LayeredCacheManager"
 MISS_LOG_NAME = "misses.jsonl"
+# "triton": read the baked tree exactly as Triton's own FileCacheManager does (the absolute
+# paths in group files, partial groups as they are), still writing misses to the overlay.
+# verify uses it: its verdict must be the one a server with Triton's manager would get.
+READS_ENV = "CACHEBAKE_LAYERED_READS"
 # Where the downward API puts a pod's identity, by the usual convention (the manifests in
 # README's Kubernetes section set them); HOSTNAME is the pod name anyway on Kubernetes.
 POD_ENV = {"POD_NAME": "pod", "POD_NAMESPACE": "namespace", "NODE_NAME": "node"}

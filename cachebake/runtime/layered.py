@@ -46,7 +46,7 @@ from triton import knobs
 from triton.runtime.cache import CacheManager, FileCacheManager
 
 from cachebake.artifact.groups import GROUP_PREFIX
-from cachebake.runtime import MANAGER_CLASS, MANAGER_ENV, OVERLAY_ENV, misslog
+from cachebake.runtime import MANAGER_CLASS, MANAGER_ENV, OVERLAY_ENV, READS_ENV, misslog
 
 OVERLAY_ROLE = "triton"  # the overlay mirrors an installed tree: <overlay>/triton/<KEY>/...
 AUTOTUNE_SUFFIX = ".autotune.json"
@@ -71,6 +71,7 @@ class LayeredCacheManager(CacheManager):
         overlay = os.environ.get(OVERLAY_ENV)
         self.overlay_dir = f"{overlay}/{OVERLAY_ROLE}/{key}" if overlay else None
         self._spilled = self.overlay_dir is None  # this key's writes spill from the first failure on
+        self._triton_reads = os.environ.get(READS_ENV) == "triton"
         self._missed_at: Optional[float] = None
 
     # -- reads ------------------------------------------------------------------------------
@@ -91,8 +92,12 @@ class LayeredCacheManager(CacheManager):
     def get_group(self, filename: str) -> Optional[Dict[str, str]]:
         if self._plain is not None:
             return self._plain.get_group(filename)
+        if self._triton_reads and self.base_dir is not None:
+            group = _read_group_as_triton(self.base_dir, filename)
+            if group is not None and filename in group:
+                return group
         for layer in (self.base_dir, self.overlay_dir):
-            if layer is not None:
+            if layer is not None and not (self._triton_reads and layer is self.base_dir):
                 group = _read_group(layer, filename)
                 if group is not None:
                     return group
@@ -162,6 +167,19 @@ def _read_group(layer_dir: str, filename: str) -> Optional[Dict[str, str]]:
             return None
         result[child] = path
     return result
+
+
+def _read_group_as_triton(layer_dir: str, filename: str) -> Optional[Dict[str, str]]:
+    """What Triton 3.6's FileCacheManager.get_group returns: the group's absolute child paths
+    that exist (runtime/cache.py), a partial group included."""
+    try:
+        with open(f"{layer_dir}/{GROUP_PREFIX}{filename}") as f:
+            children = json.load(f).get("child_paths")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(children, dict):
+        return None
+    return {c: p for c, p in children.items() if os.path.exists(p)}
 
 
 def _write_atomic(key_dir: str, filename: str, data: bytes) -> str:
