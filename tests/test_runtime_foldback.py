@@ -105,6 +105,8 @@ def test_unreplayable_misses_are_reported(base, tmp_path):
               "signature": [], "constexprs": [], "attrs": [], "options": {}, "env_vars": {},
               "target": "cuda:90", "hash": "0" * 64, "verified": False, "seen": "compile"}
     lines = [misslog.make_entry("kernel", "k", "K" * 52, 1.0, "overlay", record=record),
+             misslog.make_entry("kernel", "m", "M" * 52, 1.0, "overlay",
+                                record={**record, "target": "cuda:100"}),
              misslog.make_entry("kernel", "j", "J" * 52, 1.0, "overlay", record=None,
                                 record_error=misslog.NO_LISTENER),
              misslog.make_entry("autotune", "t", "T" * 52, 3.0, "overlay", unreadable=True),
@@ -115,6 +117,7 @@ def test_unreplayable_misses_are_reported(base, tmp_path):
     reasons = {f["kernel"]: f["reason"] for f in report.failed}
     assert "cannot import no_such_module_here" in reasons["k"]
     assert "listener did not run" in reasons["j"]
+    assert reasons["m"] == "missed on cuda:100, the base bake is for cuda:90"
     assert report.autotune[0]["result"] == "needs benchmark"
     assert report.helpers[0]["file"].startswith("__triton_launcher")
     assert report.compiled == []

@@ -186,6 +186,10 @@ def _fold_kernel(g, triton_dir: Path, report: FoldReport) -> None:
         report.failed.append({**_summary(g), "reason": "the miss was logged without its compile "
                               "record (" + g.entry.get("record_error", "no listener saw it") + ")"})
         return
+    if record.get("target") != report.target:
+        report.failed.append({**_summary(g), "reason": f"missed on {record.get('target')}, "
+                              f"the base bake is for {report.target}"})
+        return
     try:
         key = _compile(record, triton_dir)
     except NotReplayable as e:

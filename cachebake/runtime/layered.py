@@ -54,8 +54,10 @@ SPILL_MEMORY_DIR = "/dev/shm"  # tmpfs in every container runtime, writable unde
 
 
 class LayeredCacheManager(CacheManager):
-    """Reads the baked tree, then the overlay, then memory; writes only to the overlay or
-    memory.  Never raises on a write: a miss costs a compile, never the server."""
+    """Reads the baked tree, then the overlay, then this process's spill; writes only to the
+    overlay, or to the spill when the overlay refuses: a miss costs a compile, never the
+    server.  (Only a machine with no writable temp dir at all fails the write, and there ptxas
+    could not have compiled the kernel either.)"""
 
     def __init__(self, key, override=False, dump=False):
         self.key = key
@@ -92,12 +94,14 @@ class LayeredCacheManager(CacheManager):
     def get_group(self, filename: str) -> Optional[Dict[str, str]]:
         if self._plain is not None:
             return self._plain.get_group(filename)
-        if self._triton_reads and self.base_dir is not None:
-            group = _read_group_as_triton(self.base_dir, filename)
+        layers = (self.base_dir, self.overlay_dir)
+        if self._triton_reads:  # the baked tree exactly as Triton reads it (verify)
+            group = _read_group_as_triton(self.base_dir, filename) if self.base_dir else None
             if group is not None and filename in group:
                 return group
-        for layer in (self.base_dir, self.overlay_dir):
-            if layer is not None and not (self._triton_reads and layer is self.base_dir):
+            layers = (self.overlay_dir,)
+        for layer in layers:
+            if layer is not None:
                 group = _read_group(layer, filename)
                 if group is not None:
                     return group
