@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 import servekit
@@ -81,6 +82,7 @@ for block in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_verify_read_only_cache_as_nobody(public_tmp):
     """verify against an installed cache uid 65534 cannot write: a miss is a verdict (exit 8,
     the kernel listed), not a PermissionError (exit 9), and the cache is left byte-identical."""

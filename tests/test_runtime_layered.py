@@ -112,6 +112,7 @@ def test_incomplete_group_is_a_miss_not_a_crash(installed, tmp_path):
     assert not (key_dir / "add_kernel.cubin").exists()
 
 
+@pytest.mark.slow
 def test_read_only_bake_as_nobody(installed, public_tmp):
     """The scenario that killed the server on the H200: the installed tree read-only, used by
     uid 65534.  Triton's manager raises PermissionError at the first kernel the bake lacks;
@@ -150,6 +151,16 @@ def test_read_only_bake_as_nobody(installed, public_tmp):
     again = servekit.run_server(specs, env, runner=as_nobody)  # a second worker: overlay hits
     assert again["cache_hits"] == [True, True, True, True]
     assert len(servekit.miss_lines(overlay / "misses.jsonl")) == 2
+
+
+def test_writable_bake_is_not_written_either(installed, tmp_path):
+    """Read-only is not what keeps the bake intact: a writable one is left as it was too."""
+    before = servekit.tree_state(installed)
+    out = servekit.run_server([IN_BAKE, NOT_IN_BAKE, ALSO_NOT_IN_BAKE],
+                              servekit.serve_env(installed, tmp_path / "ovl"))
+    assert out["cache_hits"] == [True, False, False] and out["error"] is None, out["stderr"]
+    assert servekit.tree_state(installed) == before
+    assert len(servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")) == 2
 
 
 @pytest.mark.parametrize("overlay", ["unset", "unwritable"])
