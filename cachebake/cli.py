@@ -260,12 +260,21 @@ def recipes_cmd(as_json):
 @click.argument("artifact", type=click.Path())
 @click.option("--target", help="GPU target whose bake to read (default: the only/first one).")
 @click.option("--root", help="Where the artifact is installed (install --to DIR); default: the bake root.")
+@click.option("--overlay", type=click.Path(), default=None,
+              help="Writable dir for kernels the bake lacks (as for install --overlay).")
 @click.option("--json", "as_json", is_flag=True, help="Print the command and environment as JSON.")
-def serve_args_cmd(artifact, target, root, as_json):
+def serve_args_cmd(artifact, target, root, overlay, as_json):
     """Print the `vllm serve` command and environment that match ARTIFACT's bake."""
     from cachebake.drivers.vllm_args import read_manifest, serve_command
 
-    cmd = serve_command(read_manifest(artifact, target), root=root)
+    manifest = read_manifest(artifact, target)
+    cmd = serve_command(manifest, root=root)
+    if overlay is not None:
+        from cachebake.runtime import serving_overlay_env
+
+        baked = cmd.env.get("TRITON_CACHE_DIR")  # <root>/triton
+        cmd.env.update(serving_overlay_env(overlay, os.path.dirname(baked) if baked else None,
+                                           manifest.get("roles") or ["triton"]))
     if as_json:
         _emit_json(cmd.to_dict())
     else:
@@ -284,14 +293,18 @@ def serve_args_cmd(artifact, target, root, as_json):
 @click.option("--allow-mismatch", is_flag=True, help="Install despite preflight differences (warns).")
 @click.option("--lock-timeout", default=600.0, show_default=True, type=float,
               help="Seconds to wait for another install into DIR before giving up (exit 11).")
+@click.option("--overlay", type=click.Path(), default=None,
+              help="Writable dir in the server (emptyDir, /tmp) for kernels the bake lacks: the env "
+                   "turns on the layered cache manager and the miss log there.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, as_json):
+def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
+            as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent."""
     from cachebake.install import install_artifact
 
     report = install_artifact(artifact, to, target=target, fingerprint_file=fingerprint_file,
                               allow_mismatch=allow_mismatch, serve_at=serve_at,
-                              lock_timeout=lock_timeout)
+                              lock_timeout=lock_timeout, overlay=overlay)
     for line in report.mismatches:
         click.echo(f"cachebake: warning: {line} (installed anyway: --allow-mismatch)", err=True)
     if as_json:
@@ -321,6 +334,17 @@ def fingerprint(target, out):
     else:
         with open(out, "w") as f:
             f.write(text)
+
+
+@main.command("misses")
+@click.argument("logs", nargs=-1, required=True, metavar="LOG|DIR...")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged misses as JSON.")
+def misses_cmd(logs, as_json):
+    """Merge serve-time miss logs (install --overlay) from many replicas: misses per kernel and
+    specialization, replicas, first and last seen, count."""
+    from cachebake.runtime.misses import merge
+
+    output(as_json).emit(merge(list(logs)))
 
 
 if __name__ == "__main__":  # pragma: no cover

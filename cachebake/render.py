@@ -42,6 +42,11 @@ def render_bake(ref, record: dict | None = None) -> None:
     how = (m.bake.get("unverified_on_target") or {}).get("how")
     if how:
         t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
+    for fold in m.bake.get("folded") or []:  # serve-time misses compiled in (replay --misses)
+        carried = sum(a.get("result") == "carried" for a in fold.get("autotune") or [])
+        t.add_row("folded", f"{len(fold.get('kernels') or [])} kernels and {carried} autotune results "
+                  f"from {fold.get('logs')} miss logs at {fold.get('at')} onto layer "
+                  f"{str(fold.get('base_layer_digest'))[:19]}; {len(fold.get('failed') or [])} not folded")
     console.print(t)
     names: dict[str, int] = {}
     for k in m.inventory.kernels:

@@ -20,6 +20,7 @@ from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
 from cachebake.errors import BadInput, CommandFailed, CompilesSeen
 from cachebake.progress import RoundProgress
+from cachebake.runtime import READS_ENV, overlay_env
 
 
 @dataclass
@@ -81,9 +82,17 @@ def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | No
     open(events_path, "wb").close()
     # allow_invalidating: verify reports what is set; the build's warning already covered it
     benv = bake_env(cache, roles, monitor_log=events_path, allow_invalidating=True)
+    env = dict(benv.env)
+    if "triton" in roles:
+        # Never write into the cache being checked: Triton's misses go to a scratch overlay
+        # (the layered cache manager), so a read-only installed cache gets a verdict (exit 8
+        # and the list), not a PermissionError, and a writable one is left as installed.
+        # Reads stay Triton's own (READS_ENV), so the verdict is what a server gets.
+        env.update(overlay_env(work / "overlay"))
+        env[READS_ENV] = "triton"
     if progress is not None:
         progress.start_round(1, 1)
-    rnd = run_round(driver, benv.env, str(events_path), 1, str(work), progress)
+    rnd = run_round(driver, env, str(events_path), 1, str(work), progress)
     if progress is not None:
         progress.end_round(rnd)
         if rnd.exit_code != 0:

@@ -74,3 +74,12 @@ def public_tmp():
     d.chmod(0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def installed(triton_cache) -> Path:
+    """``triton_cache`` as install leaves a cache: group files naming where it is (a plain
+    copy still names the session's build dir)."""
+    import servekit
+
+    return servekit.relocate(triton_cache)

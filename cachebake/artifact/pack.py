@@ -43,7 +43,8 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
                   prune_ir: bool = False, record=None, fingerprint_from: dict | None = None) -> PackReport:
     """``record``: a cachebake.replay.record.CompileRecord to carry as its own blob.
     ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
-    when this machine is not it (replay: torch/vllm versions, GPU name of the source bake)."""
+    when this machine is not it (replay: torch/vllm versions, GPU name of the source bake; a
+    fold-back of serve-time misses keeps its base bake's)."""
     out = Path(out).absolute()
     try:
         out.exists()

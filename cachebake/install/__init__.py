@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from cachebake.install import atomic, extract, preflight, relocate
 from cachebake.install.source import open_source
 from cachebake.roles import serving_env
+from cachebake.runtime import serving_overlay_env as runtime_env
 
 LOCK_TIMEOUT_S = 600.0
 
@@ -65,7 +66,10 @@ def _load(source, bake, limits: extract.LayerLimits, serve_root: str) -> extract
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      target: str | None = None, fingerprint_file: str | None = None,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
-                     lock_timeout: float = LOCK_TIMEOUT_S) -> InstallReport:
+                     lock_timeout: float = LOCK_TIMEOUT_S,
+                     overlay: str | os.PathLike | None = None) -> InstallReport:
+    """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
+    env then turns on the layered cache manager and its miss log (cachebake.runtime)."""
     started = time.monotonic()
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
@@ -81,6 +85,8 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
         status="installed", artifact=os.fspath(artifact), target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
         serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
+    if overlay is not None:
+        report.env.update(runtime_env(overlay, serve_root, roles))
     dest.check_usable(roles)
 
     def done(marker: dict | None) -> bool:
