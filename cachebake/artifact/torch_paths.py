@@ -16,9 +16,11 @@ bake" has the full table):
   first request and writes into the old root.  ``source_code`` and ``runnable_graph_str`` hold
   the paths in comments and a repro script (logged only).  All these are text strings: rewritten.
 * Triton files bundled in those pickles (``TritonKernelArtifact.payload``, bytes): the group
-  JSON uses torch's ``[REPLACE]`` placeholder (relocatable by design); the IR and the cubin carry
-  the kernel source path as debug locations only (nothing loads them by it).  Left as they are:
-  a cubin is an ELF whose string lengths cannot change.
+  JSON uses torch's ``[REPLACE]`` placeholder (relocatable by design); the IR and the cubin name
+  the kernel's source file in debug locations and device-assert messages only (nothing opens
+  it by that name).  Left as they are: a cubin is an ELF whose string lengths cannot change.
+* Inductor C++ kernels (``.so``, CPU): their DWARF names the source; accepted only where every
+  occurrence is in a section that is not loaded (``elf_debug_only``).
 * Inductor's generated ``.py`` files: ``# kernel path:`` comments.  Rewritten as text.
 
 Pickles are rewritten opcode by opcode (``pickletools``), never unpickled: each string opcode
@@ -49,6 +51,8 @@ from dataclasses import dataclass, field
 _PLAIN_ROOT = re.compile(r"^/[^\x00-\x1f\x7f'\"\\]*$")
 # Characters that may continue a path component: a root must not be followed by one.
 _NAME_CHAR = r"A-Za-z0-9._\-"
+# The cache roles whose files name their own directory.
+PATH_ROLES = ("vllm",)
 # Every vLLM-role path goes through this directory: how an unknown root is recognised.
 MARKER = "/torch_compile_cache/"
 COMPILE_CACHE_FILE = "vllm_compile_cache.py"
@@ -399,6 +403,34 @@ def relocate_blob(data: bytes, pm: PathMap, depth: int = 0) -> tuple[bytes, Coun
     return data, counts
 
 
+def elf_debug_only(data: bytes, needles: list[bytes]) -> bool:
+    """Whether every occurrence of ``needles`` in the ELF file ``data`` (an Inductor C++ kernel
+    .so) lies in a section that is not loaded (no SHF_ALLOC: DWARF line tables and the like,
+    which nothing reads at run time).  A path in .dynstr (an RPATH) or .rodata may be used:
+    False.  (Cubins nested in Inductor's pickles are not held to this: besides DWARF they name
+    their source file in device-assert messages, in .nv.global.init, which only a failing
+    device assertion prints.)"""
+    try:
+        if data[4] != 2 or data[5] != 1:  # 64-bit little-endian: what CUDA and x86-64 write
+            return False
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+                    for i in range(shnum)]
+    except (struct.error, IndexError):
+        return False
+    SHT_NOBITS, SHF_ALLOC = 8, 0x2
+    debug = [(off, off + size) for _, typ, flags, _, off, size in sections
+             if typ != SHT_NOBITS and not flags & SHF_ALLOC]
+    for needle in needles:
+        start = 0
+        while (i := data.find(needle, start)) >= 0:
+            start = i + 1
+            if not any(lo <= i and i + len(needle) <= hi for lo, hi in debug):
+                return False
+    return True
+
+
 def relocate_compile_cache(data: bytes, pm: PathMap, serve_dir: str) -> tuple[bytes, Counts]:
     """vLLM's ``vllm_compile_cache.py`` (``CompilerManager.save_to_file``: a pprint'ed dict
     ``{(range, graph index, compiler name): {'graph_handle': (name, path), 'cache_key': ...}}``).
@@ -461,6 +493,10 @@ def relocate_file(name: str, data: bytes, pm: PathMap, serve_dir: str) -> tuple[
         new, counts = relocate_blob(data, pm)
     elif b"\x00" not in data:
         new, counts = relocate_text(data, pm)
+    elif data[:4] == b"\x7fELF":  # an Inductor C++ kernel .so: left as is if only its DWARF names a root
+        if not elf_debug_only(data, [*pm._old_bytes, MARKER.encode()]):
+            raise NotRelocatable("a shared object names the cache root outside its debug sections")
+        new, counts = relocate_blob(data, pm)
     else:
         raise NotRelocatable("a binary file of unknown format names the cache root")
     if counts.foreign:
