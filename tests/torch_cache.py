@@ -62,7 +62,8 @@ def inputs():
 
 def generate(root: str) -> None:
     _env(root)
-    os.environ.setdefault("TORCH_TRACE", os.path.join(root, ".trace"))
+    # outside the root: its path lands in the repro script too
+    os.environ.setdefault("TORCH_TRACE", os.path.join(os.path.dirname(root), "torch-trace"))
     import torch
     from torch._inductor import standalone_compile
 
