@@ -243,6 +243,10 @@ def generate_at_once(llm: Any, prompts: list, params: list) -> tuple[list, bool]
     the batch is enqueued, then resumed.  Returns (outputs, whether it was paused); engines
     without the utility (older vLLM) fall back to a plain generate."""
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and not hasattr(core, "call_utility"):
+        # The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) adds every request of a
+        # generate before its first step: at once already.
+        return llm.generate(prompts, params, use_tqdm=False), type(core).__name__ == "InprocClient"
     paused = False
     if core is not None and hasattr(llm, "enqueue") and hasattr(llm, "wait_for_completion"):
         try:
