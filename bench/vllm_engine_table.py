@@ -150,11 +150,12 @@ def build_summary(r: Path) -> dict | None:
     b = load_json(r / "build.json")
     if not b:
         return None
-    bake = b.get("bake") or b
-    rounds = bake.get("rounds") or bake.get("per_round") or []
+    bake = b.get("bake") or b  # `cachebake build --json`: {"bake": BuildReport, "pack": ...}
+    rounds = bake.get("per_round") or []
     return {"rounds": [{k: x.get(k) for k in ("round", "compiles", "autotunes", "helper_builds",
                                                 "seconds")} for x in rounds],
-            "stable": bake.get("stable"), "seconds": bake.get("seconds")}
+            "stable": bake.get("stable"), "plan_digest": bake.get("plan_digest"),
+            "seconds": round(sum(x.get("seconds") or 0 for x in rounds), 1)}
 
 
 def fmt(v) -> str:
