@@ -228,6 +228,8 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, c
 
     drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
     report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
+    for line in report.warnings():
+        click.echo(f"cachebake: warning: {line}", err=True)
     if as_json:
         output(as_json).emit(report)
     else:
@@ -307,6 +309,8 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
                               lock_timeout=lock_timeout, overlay=overlay)
     for line in report.mismatches:
         click.echo(f"cachebake: warning: {line} (installed anyway: --allow-mismatch)", err=True)
+    for line in report.warnings:
+        click.echo(f"cachebake: warning: {line}", err=True)
     if as_json:
         _emit_json(report.to_dict())
         return
@@ -315,7 +319,8 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
     else:
         click.echo(f"{report.status}: {report.layer_digest[:19]} ({report.target}) in {report.to}: "
                    f"{report.files} files, {report.file_bytes / 1e6:.1f} MB, "
-                   f"{report.groups_relocated} group files relocated, {report.seconds:.2f} s")
+                   f"{report.groups_relocated} group files and {report.relocated.get('vllm', 0)} "
+                   f"vllm cache files relocated, {report.seconds:.2f} s")
     for k, v in report.env.items():
         click.echo(f"{k}={v}")
 

@@ -19,6 +19,7 @@ from cachebake.build import RoundReport, no_activity_message, run_round, work_ev
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
 from cachebake.errors import BadInput, CommandFailed, CompilesSeen
+from cachebake.install.atomic import InstallDir
 from cachebake.progress import RoundProgress
 from cachebake.runtime import READS_ENV, overlay_env
 
@@ -30,10 +31,16 @@ class VerifyReport:
     round: RoundReport
     work: list[Event] = field(default_factory=list)  # every compile / autotune / helper build
     invalidating: dict[str, str] = field(default_factory=dict)  # set here; must match the bake
+    left_out: dict[str, str] = field(default_factory=dict)  # roles install could not relocate here
 
     @property
     def ok(self) -> bool:
         return self.round.exit_code == 0 and not self.work
+
+    def warnings(self) -> list[str]:
+        """Roles the install left out: the round ran without them, as the server will."""
+        return [f"the {role} role was left out at install ({why}): this round ran without it"
+                for role, why in sorted(self.left_out.items())]
 
     def lines(self) -> list[str]:
         """One line per piece of work the server would have done."""
@@ -42,7 +49,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {"cache": self.cache, "roles": self.roles, "ok": self.ok,
-                "invalidating_env_vars": self.invalidating,
+                "invalidating_env_vars": self.invalidating, "left_out": self.left_out,
                 **self.round.to_dict(),
                 "work": [{k: v for k, v in vars(e).items() if v not in (None, {}, [])}
                          for e in self.work]}
@@ -102,5 +109,6 @@ def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | No
                             f"(output: {rnd.log})")
     if rnd.summary.seen == 0:
         raise CommandFailed(no_activity_message(1, rnd.log))
+    marker = InstallDir(cache).installed() or {}
     return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
-                        invalidating=benv.invalidating)
+                        invalidating=benv.invalidating, left_out=dict(marker.get("left_out") or {}))

@@ -16,9 +16,11 @@ from cachebake.cli import main
 from cachebake.drivers.vllm_args import (parse_serve_args, serve_args_to_flags, serve_command,
                                          validate_serve_args)
 from cachebake.drivers.vllm_engine import (OFFLINE_ENV, bake_environment, bake_record,
-                                           engine_kwargs, run_round, write_model_dir)
-from cachebake.drivers.vllm_plan import (EngineLimits, decode_sizes, default_capture_sizes,
-                                         limits_from_serve_args, plan_requests, token_ids)
+                                           engine_kwargs, generate_at_once, run_round,
+                                           write_model_dir)
+from cachebake.drivers.vllm_plan import (SAMPLING_KINDS, EngineLimits, decode_sizes,
+                                         default_capture_sizes, limits_from_serve_args,
+                                         plan_digest, plan_requests, token_ids)
 from cachebake.errors import BadInput, CommandFailed, ExitCode
 from cachebake.recipes import list_recipes, load_recipe
 
@@ -313,3 +315,90 @@ def test_bake_record_is_what_serve_args_reads(tmp_path):
     cmd = serve_command({"bake": rec})
     assert cmd.model_path == "/models/falcon" and cmd.env == {"TRITON_CACHE_DIR": "/c/triton"}
     assert cmd.flags == rec["vllm_flags"]
+
+
+# ---- traffic the plan sends besides shapes ---------------------------------------------------
+
+def test_sampling_traffic_at_sizes_of_both_divisibilities():
+    lim = _limits()
+    plan = plan_requests(load_recipe("nemotron-h"), {}, lim)
+    sampled = {b.label: b for b in plan if b.sampling}
+    kinds = {label.rsplit("-", 1)[0] for label in sampled}
+    assert kinds == set(SAMPLING_KINDS)
+    assert {sampled[f"sample-penalties-{n}"].num_requests for n in (1, 7, 16)} == {1, 7, 16}
+    mixed = sampled["sample-mixed-16"]
+    params = [mixed.sampling_for(i) for i in range(mixed.num_requests)]
+    assert {"temperature": 0.0} in params and any(p.get("top_p") for p in params)
+    assert all("seed" in p for p in params if p.get("temperature"))  # repeatable rounds
+    assert f"sample-mixed-{lim.largest_capture + 1}" in sampled  # past the largest graph size
+    greedy = next(b for b in plan if b.label == "decode-7")
+    assert greedy.sampling_for(3) == {"temperature": 0.0}
+
+
+def test_unseeded_sampling_only_without_drafts():
+    assert any(b.label.startswith("sample-unseeded") for b in plan_requests({}, {}, _limits()))
+    spec = plan_requests({}, {}, _limits(num_speculative_tokens=2))
+    assert not any(b.label.startswith("sample-unseeded") for b in spec)
+    assert all("seed" in b.sampling_for(i) for b in spec for i in range(b.num_requests)
+               if b.sampling_for(i).get("temperature"))
+
+
+def test_longest_prompt_when_nothing_else_is_as_long():
+    plan = plan_requests({}, {}, _limits(max_num_batched_tokens=8192, max_model_len=8192))
+    (longest,) = [b for b in plan if b.label == "longest-prompt"]
+    assert longest.prompt_lens == [8184] and max(longest.prompt_lens) + longest.max_tokens <= 8192
+    assert max(max(b.prompt_lens) for b in plan if b is not longest) < 8184
+
+
+def test_plan_digest_pins_what_is_sent():
+    lim = _limits()
+    a = plan_requests(load_recipe("nemotron-h"), {}, lim)
+    assert plan_digest(a, 131072) == plan_digest(plan_requests(load_recipe("nemotron-h"), {}, lim), 131072)
+    a[-1].sampling = [{"temperature": 0.5, "seed": 99}]
+    assert plan_digest(a, 131072) != plan_digest(plan_requests(load_recipe("nemotron-h"), {}, lim), 131072)
+
+
+class _RecordingEngine:
+    """A stand-in for ``LLM`` that records the calls ``generate_at_once`` makes (the real
+    engine cannot start without a GPU; vLLM's own scheduler semantics of the pause are
+    checked in tests/test_recipes_vllm.py)."""
+
+    def __init__(self, utilities=True):
+        self.calls = []
+        self.llm_engine = type("E", (), {})()
+        self.llm_engine.engine_core = self
+        self.utilities = utilities
+
+    def call_utility(self, name, *args):
+        if not self.utilities:
+            raise RuntimeError(f"no utility {name}")
+        self.calls.append((name, *args))
+
+    def enqueue(self, prompts, params, use_tqdm):
+        self.calls.append(("enqueue", len(prompts)))
+
+    def wait_for_completion(self, use_tqdm):
+        self.calls.append(("wait",))
+        return ["out"]
+
+    def generate(self, prompts, params, use_tqdm):
+        self.calls.append(("generate", len(prompts)))
+        return ["out"]
+
+
+def test_a_batch_is_enqueued_while_the_scheduler_is_paused():
+    llm = _RecordingEngine()
+    assert generate_at_once(llm, [1, 2, 3], [None] * 3) == (["out"], True)
+    assert llm.calls == [("pause_scheduler", "keep", False), ("enqueue", 3),
+                         ("resume_scheduler",), ("wait",)]
+    old = _RecordingEngine(utilities=False)
+    assert generate_at_once(old, [1], [None]) == (["out"], False)
+    assert old.calls == [("generate", 1)]
+
+
+def test_serve_command_keeps_the_runner_the_bake_used():
+    r = load_recipe("nemotron-h")
+    rec = bake_record(r, r.serve_args, "/models/n", {"TRITON_CACHE_DIR": "/c/triton",
+                                                     "VLLM_USE_V2_MODEL_RUNNER": "0"})
+    cmd = serve_command({"bake": rec, "roles": ["triton"]}, root="/serve")
+    assert cmd.env["TRITON_CACHE_DIR"] == "/serve/triton" and cmd.env["VLLM_USE_V2_MODEL_RUNNER"] == "0"

@@ -156,25 +156,37 @@ def test_a_round_boots_the_real_engine(tmp_path):
     assert all(b.output_tokens > 0 for b in report.batches)
 
 
-def _simulate(cfg, batches, vocab):
-    """Run batches through vLLM's real V1 scheduler (no model: every scheduled request that
-    finished its prompt samples one token).  Returns per batch the steps vLLM would run."""
+def _scheduler(cfg, hasher=None):
+    """vLLM's real V1 scheduler for ``cfg`` and a function adding a token-id request to it.
+    One attention group stands in for the model's layers: batching and chunking decisions
+    depend on the token budget and max_num_seqs, not on the layer kinds."""
     import torch
     from vllm import SamplingParams
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
     bs = cfg.cache_config.block_size
-    # One attention group stands in for the model's layers: batching and chunking decisions
-    # depend on the token budget and max_num_seqs, not on the layer kinds.
     spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=16, dtype=torch.float32)
     cfg.cache_config.num_gpu_blocks = 200_000
     kvc = KVCacheConfig(num_blocks=200_000, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     sched = Scheduler(cfg, kvc, StructuredOutputManager(cfg), block_size=bs)
+
+    def add(req_id, ids, max_tokens, hasher=hasher):
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        sched.add_request(Request(req_id, ids, sp, None, block_hasher=hasher))
+
+    return sched, add
+
+
+def _simulate(cfg, batches, vocab):
+    """Run batches through vLLM's real V1 scheduler (no model: every scheduled request that
+    finished its prompt samples one token).  Returns per batch the steps vLLM would run."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    bs = cfg.cache_config.block_size
     hasher = None
     if cfg.cache_config.enable_prefix_caching:
         from vllm.utils.hashing import get_hash_fn_by_name
@@ -183,12 +195,11 @@ def _simulate(cfg, batches, vocab):
         hash_fn = get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         hasher = get_request_block_hasher(bs, hash_fn)
+    sched, add = _scheduler(cfg, hasher)
     result, cached = {}, {}
     for b_i, batch in enumerate(batches):
         for i, ids in enumerate(batch.prompts(vocab)):
-            sp = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, detokenize=False)
-            req = Request(f"{b_i}-{i}", ids, sp, None, block_hasher=hasher)
-            sched.add_request(req)
+            add(f"{b_i}-{i}", ids, batch.max_tokens)
         steps = []
         while sched.has_unfinished_requests():
             out = sched.schedule()
@@ -242,3 +253,39 @@ def test_plan_does_what_it_says_in_vllms_scheduler(ref, prefix, tmp_path):
     assert mixed and any(x["init_state_prefill"] for x in mixed)
     assert max(x["tokens"] for x in mixed) > lim.largest_capture
     assert 1 in {x["decode"] for x in steps["single"] if x["prefill"] == 0}
+
+
+def test_plan_sampling_params_pass_vllms_own_validation(tmp_path):
+    """Every SamplingParams the plan sends is accepted by vLLM for the recipe's model (the
+    engine validates them the same way before a request reaches the scheduler)."""
+    from vllm import SamplingParams
+
+    recipe = load_recipe("nemotron-h")
+    cfg = _engine_config(recipe, tmp_path)
+    lim = limits_from_vllm_config(cfg, recipe.hf_config)
+    kinds = 0
+    for batch in plan_requests(recipe, recipe.serve_args, lim):
+        for i in range(batch.num_requests):
+            sp = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, detokenize=False,
+                                **batch.sampling_for(i))
+            sp.verify(cfg.model_config, cfg.speculative_config, cfg.structured_outputs_config, None)
+            kinds += bool(batch.sampling)
+    assert kinds > 50
+
+
+def test_a_paused_scheduler_admits_the_whole_batch_in_one_step(tmp_path):
+    """What generate_at_once relies on, in vLLM's own scheduler: paused with PAUSED_ALL (the
+    "keep" mode of pause_scheduler), requests added meanwhile wait; resumed, the first step
+    admits all of them (up to the token budget), whatever order they arrived in."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    recipe = load_recipe("nemotron-h")
+    cfg = _engine_config(recipe, tmp_path)
+    sched, add = _scheduler(cfg)
+    sched.set_pause_state(PauseState.PAUSED_ALL)
+    for i in range(7):
+        add(f"r{i}", list(range(100 + i, 130 + i)), 4)
+        assert sched.schedule().total_num_scheduled_tokens == 0  # nothing runs while paused
+    sched.set_pause_state(PauseState.UNPAUSED)
+    first = sched.schedule()
+    assert len(first.scheduled_new_reqs) == 7

@@ -7,7 +7,10 @@ What a live cache holds is not all worth shipping, and some of it is harmful:
 - ``gpu_p2p_access_cache_*.json`` describes the build host's GPU topology, never the server's;
 - ``__grp__*.json`` files hold absolute paths of wherever the cache was filled.  They are
   rewritten to the canonical serving root (``layer_root``), so packing the same cache from any
-  directory gives the same bytes, and an image mounted at that root hits without any install.
+  directory gives the same bytes, and an image mounted at that root hits without any install;
+- the ``vllm`` role's torch.compile cache names its directory too (torch_paths.py): packed from
+  another directory than ``layer_root/vllm``, its paths are rewritten the same way.  A file
+  this cannot rewrite is packed as it is; install then leaves the role out (relocate_vllm.py).
 
 The result is sorted by archive name; the layer writer turns it into bytes.
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
+from cachebake.artifact.torch_paths import PATH_ROLES, NotRelocatable, PathMap, relocate_file
 from cachebake.errors import BadInput
 from cachebake.roles import DEFAULT_ROOT, ROLE_ENV
 
@@ -142,11 +146,13 @@ def snapshot_roots(roots: list[CacheRoot], layer_root: str | None = None, prune_
         raise BadInput(f"layer root must be absolute: {layer_root}")
     checked = [(r, _check_root(r)) for r in roots]
     snap = Snapshot(layer_root=layer_root, roots={r.role: str(p) for r, p in checked})
+    paths = _torch_path_map(checked, layer_root)
     for root, top in sorted(checked, key=lambda rp: rp[0].role):
         snap.dirs.append(root.role)
         for dirpath, dirnames, filenames in _walk(top):
             rel = dirpath.relative_to(top)
-            dropped_dir = _collect_dir(snap, root.role, top, dirpath, rel, filenames, prune_ir)
+            dropped_dir = _collect_dir(snap, root.role, top, dirpath, rel, filenames, prune_ir,
+                                       paths if root.role in PATH_ROLES else None)
             if dropped_dir:
                 dirnames[:] = []
                 continue
@@ -159,8 +165,23 @@ def snapshot_roots(roots: list[CacheRoot], layer_root: str | None = None, prune_
     return snap
 
 
+def _torch_path_map(checked: list[tuple[CacheRoot, Path]], layer_root: str) -> PathMap | None:
+    """Where each role was filled (as given and resolved) -> the role under ``layer_root``;
+    None when nothing moves (the usual bake: filled at the layer root) or it cannot move."""
+    pairs = {}
+    for root, top in checked:
+        new = f"{layer_root.rstrip('/')}/{root.role}"
+        for old in (os.path.abspath(root.path), str(top)):
+            pairs.setdefault(old, new)
+    try:
+        pm = PathMap(pairs)
+    except NotRelocatable:
+        return None  # install refuses the role with the reason
+    return None if pm.identity else pm
+
+
 def _collect_dir(snap: Snapshot, role: str, top: Path, dirpath: Path, rel: Path,
-                 filenames: list[str], prune_ir: bool) -> bool:
+                 filenames: list[str], prune_ir: bool, paths: PathMap | None = None) -> bool:
     """Add one directory's files to the snapshot; True if the whole dir was dropped."""
     prefix = role if rel == Path(".") else f"{role}/{rel.as_posix()}"
     is_triton_key_dir = role == "triton" and rel != Path(".") and len(rel.parts) == 1
@@ -192,9 +213,25 @@ def _collect_dir(snap: Snapshot, role: str, top: Path, dirpath: Path, rel: Path,
         if is_triton_key_dir and name.startswith(GROUP_PREFIX) and name.endswith(".json"):
             data = _rewrite_group(path, f"{snap.layer_root}/{prefix}", set(keep))
             snap.files.append(SnapshotFile(arcname, mode, len(data), data=data))
+        elif paths is not None and (data := _relocated(path, arcname, snap.layer_root, paths)):
+            snap.files.append(SnapshotFile(arcname, mode, len(data), data=data))
         else:
             snap.files.append(SnapshotFile(arcname, mode, st.st_size, source=path))
     return False
+
+
+def _relocated(path: Path, arcname: str, layer_root: str, paths: PathMap) -> bytes | None:
+    """The file's bytes with its paths moved to the layer root, or None if nothing moved."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        new, _ = relocate_file(arcname.split("/", 1)[1], data, paths,
+                               f"{layer_root.rstrip('/')}/{arcname.rpartition('/')[0]}")
+    except NotRelocatable:
+        return None  # packed as it is; install leaves the role out and says why
+    return None if new is data else new
 
 
 def _rewrite_group(path: Path, final_dir: str, present: set[str]) -> bytes:

@@ -78,21 +78,33 @@ def activate(log_path: os.PathLike | str | None = None) -> bool:
 
 
 class _TritonImportHook:
-    """Installs the taps right after ``import triton`` finishes, then removes itself."""
+    """Installs the taps right after ``import triton`` finishes, then removes itself.
+
+    It stays in place until triton is really executed: ``importlib.util.find_spec("triton")``
+    alone (torch probes for Triton that way before importing it, e.g. in Inductor's compile
+    workers) must not use it up."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "triton":
             return None
         import importlib.util
 
-        if self in sys.meta_path:
+        at = sys.meta_path.index(self) if self in sys.meta_path else None
+        if at is not None:
             sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("triton")  # the finders after us, as if we were absent
+        try:
+            spec = importlib.util.find_spec("triton")  # the finders after us, as if we were absent
+        finally:
+            if at is not None and "triton" not in sys.modules:
+                sys.meta_path.insert(at, self)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
+        hook = self
 
         def exec_then_install(module):
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
             exec_module(module)
             _install_hooks()
 

@@ -232,10 +232,13 @@ def serve_command(manifest: dict[str, Any], root: str | None = None) -> ServeCom
     roles = manifest.get("roles") or env_rec.get("roles") or bake.get("roles")
     env: dict[str, str] = {}
     base = root or env_rec.get("root")
+    baked_env = bake.get("serve_env") or {}
     if base is not None:
         env.update(roles_mod.serving_env(base, list(roles or roles_mod.ROLE_ENV)))
+        # the rest of what the bake ran with (e.g. VLLM_USE_V2_MODEL_RUNNER) holds anywhere
+        env.update({k: v for k, v in baked_env.items() if k not in roles_mod.ROLE_ENV.values()})
     else:
-        env.update(bake.get("serve_env") or {})
+        env.update(baked_env)
     # Cache-invalidating variables enter every kernel key: the server must set them identically.
     env.update((manifest.get("fingerprint") or {}).get("env") or {})
     env.update(env_rec.get("invalidating_env_vars") or {})

@@ -16,6 +16,33 @@ a round compiles nothing; ``run_round`` runs one round as a child process on its
 
 Nothing here fakes the engine: without vLLM (or without a GPU) a round fails with the child's
 own error.
+
+Why a round can compile after a quiet one (what "stable" has to rule out).  A Triton kernel
+compiles once per specialization, and several of vLLM's kernels specialize on values that
+depend on how requests were batched: an int argument equal to 1 becomes a constant, a multiple
+of 16 gets ``tt.divisibility=16`` (``_zero_kv_blocks_kernel``'s ``n_blocks`` is the number of
+KV blocks allocated in one step; the sampler's and the Mamba kernels' batch and token counts).
+So a step whose composition never occurred before can compile, and composition varies:
+
+* admission: with vLLM's default multiprocess engine the EngineCore starts stepping as soon as
+  the first request of a ``generate`` arrives over ZMQ, so how many of a batch's prompts share
+  the first step depends on timing.  The driver pauses the scheduler (``pause_scheduler("keep")``,
+  a utility call in vLLM 0.24 and 0.33), enqueues the whole batch, then resumes: every round
+  admits the same requests to the same steps (``BatchResult.admitted_at_once``);
+* async scheduling and output processing overlap steps but do not change what a step holds
+  once admission is fixed (finishing is fixed too: ``ignore_eos`` and a set ``max_tokens``);
+* KV-cache pressure: the number of KV blocks comes from profiling free GPU memory at start-up,
+  which varies slightly between processes; a batch near the limit can be preempted in one
+  round and not in another.  The plan keeps its batches far below it;
+* sampled tokens: unseeded sampling changes token ids, not shapes, except under speculative
+  decoding, where accepted drafts decide the next step's shapes: the plan seeds every sampled
+  request when drafts are on;
+* autotuning: Triton benchmarks every config in the round that first meets a key and caches
+  the winner; later rounds read it (no compile), whatever the timings.
+
+What stays out of reach: traffic the plan does not send (another batch composition or sampling
+parameter), and compiles that depend on the GPU's free memory.  Hence two quiet rounds, or a
+plan whose coverage is checked (``plan_digest`` records exactly what was sent).
 """
 
 from __future__ import annotations
@@ -35,7 +62,8 @@ from cachebake.capture.env import MONITOR_LOG_ENV
 from cachebake.drivers.vllm_args import (BAKE_ONLY, default_model_dir, parse_serve_args, resolve,
                                          serve_args_to_flags, serve_command, validate_serve_args)
 from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
-                                         limits_from_vllm_config, plan_requests, plan_summary)
+                                         limits_from_vllm_config, plan_digest, plan_requests,
+                                         plan_summary)
 from cachebake.errors import BadInput, CommandFailed
 from cachebake.recipes import Recipe
 from cachebake.roles import ROLE_ENV
@@ -47,6 +75,12 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+
+
+# Besides the cache roots, variables that change what the server compiles: the server needs
+# them as the bake had them (the V2 model runner samples with other kernels than V1).
+SERVE_ENV_VARS = ("TRITON_CACHE_AUTOTUNING", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_AOT_COMPILE",
+                  "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")
 
 
 def config_bytes(hf_config: dict[str, Any]) -> bytes:
@@ -98,6 +132,7 @@ class BatchResult:
     prompt_tokens: int
     output_tokens: int
     seconds: float
+    admitted_at_once: bool = False  # scheduler paused while the batch was enqueued
 
 
 @dataclass
@@ -111,6 +146,8 @@ class VllmRoundReport:
     limits: dict[str, Any] = field(default_factory=dict)
     batches: list[BatchResult] = field(default_factory=list)
     vllm_version: str | None = None
+    model_runner: str | None = None  # "v1" | "v2": vLLM 0.24 defaults to V1, 0.33 to V2
+    plan_digest: str | None = None
     returncode: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,8 +175,10 @@ def bake_record(recipe: Recipe, serve_args: dict[str, Any], model_dir: str,
     }
     if report is not None:
         rec["vllm_version"] = report.vllm_version
+        rec["model_runner"] = report.model_runner
         rec["engine_limits"] = report.limits
         rec["plan"] = [asdict(b) for b in report.batches]
+        rec["plan_digest"] = report.plan_digest
     return rec
 
 
@@ -189,13 +228,39 @@ def _send(llm: Any, batch: RequestBatch, vocab_size: int) -> BatchResult:
     from vllm.inputs import TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in batch.prompts(vocab_size)]
-    params = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, temperature=0.0,
-                            detokenize=False)
+    params = [SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True, detokenize=False,
+                             **batch.sampling_for(i)) for i in range(batch.num_requests)]
     t0 = time.monotonic()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs, at_once = generate_at_once(llm, prompts, params)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     return BatchResult(batch.label, batch.num_requests, batch.prompt_tokens, n_out,
-                       round(time.monotonic() - t0, 3))
+                       round(time.monotonic() - t0, 3), at_once)
+
+
+def generate_at_once(llm: Any, prompts: list, params: list) -> tuple[list, bool]:
+    """``llm.generate``, with every request admitted before the first step when vLLM allows it:
+    the scheduler is paused (``pause_scheduler("keep")``: no step runs, adds are queued) while
+    the batch is enqueued, then resumed.  Returns (outputs, whether it was paused); engines
+    without the utility (older vLLM) fall back to a plain generate."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and not hasattr(core, "call_utility"):
+        # The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) adds every request of a
+        # generate before its first step: at once already.
+        return llm.generate(prompts, params, use_tqdm=False), type(core).__name__ == "InprocClient"
+    paused = False
+    if core is not None and hasattr(llm, "enqueue") and hasattr(llm, "wait_for_completion"):
+        try:
+            core.call_utility("pause_scheduler", "keep", False)
+            paused = True
+        except Exception:  # the utility is missing or refused: plain generate below
+            paused = False
+    if not paused:
+        return llm.generate(prompts, params, use_tqdm=False), False
+    try:
+        llm.enqueue(prompts, params, use_tqdm=False)
+    finally:
+        core.call_utility("resume_scheduler")
+    return llm.wait_for_completion(use_tqdm=False), True
 
 
 def _step(label: str):
@@ -221,12 +286,17 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
 
         llm = LLM(**kwargs)
     startup = time.monotonic() - t0
-    limits = limits_from_vllm_config(llm.llm_engine.vllm_config, hf_config)
+    vllm_config = llm.llm_engine.vllm_config
+    limits = limits_from_vllm_config(vllm_config, hf_config)
     vocab = int(hf_config.get("vocab_size") or 32000)
+    plan = plan_requests(hf_config, serve_args, limits)
+    v2 = getattr(vllm_config, "use_v2_model_runner", None)  # a property in 0.24 and 0.33
     report = VllmRoundReport(model_dir=kwargs["model"], serve_args=serve_args,
                              startup_seconds=round(startup, 3), limits=limits.to_dict(),
-                             vllm_version=getattr(vllm, "__version__", None))
-    for batch in plan_requests(hf_config, serve_args, limits):
+                             vllm_version=getattr(vllm, "__version__", None),
+                             model_runner=None if v2 is None else ("v2" if v2 else "v1"),
+                             plan_digest=plan_digest(plan, vocab))
+    for batch in plan:
         with _step(f"plan:{batch.label}"):
             report.batches.append(_send(llm, batch, vocab))
         print(f"cachebake: {batch.label}: {report.batches[-1].seconds} s", flush=True)
@@ -257,7 +327,7 @@ def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
     monitor's log as ``vllm-bake.json``, for the build to put in the manifest."""
     recipe, args, mdir = prepare(model, tp, serve_args=serve_args, model_dir=model_dir)
     result = warmup(engine_kwargs(mdir, args), recipe.hf_config, args)
-    serve_env = {v: os.environ[v] for v in (*ROLE_ENV.values(), "TRITON_CACHE_AUTOTUNING")
+    serve_env = {v: os.environ[v] for v in (*ROLE_ENV.values(), *SERVE_ENV_VARS)
                  if v in os.environ}
     record = bake_record(recipe, args, str(mdir), serve_env, result)
     monitor_log = os.environ.get(MONITOR_LOG_ENV)
@@ -282,7 +352,7 @@ def child_main(spec_path: str, report_path: str) -> int:
 
 
 __all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "default_model_dir",
-           "engine_kwargs", "limits_from_serve_args", "parse_serve_args", "plan_requests",
+           "engine_kwargs", "generate_at_once", "limits_from_serve_args", "parse_serve_args", "plan_requests",
            "plan_summary", "run_round", "run_warmup", "serve_args_to_flags", "serve_command",
            "validate_serve_args", "write_model_dir"]
 

@@ -11,17 +11,30 @@ server compiles.  It misses what only real traffic reaches (shared/FACTS.md):
   with their exact batch size, which can pick new selective-state-update variants (an int == 1 is
   a constant, a multiple of 16 gets ``tt.divisibility=16``, anything else neither);
 * mixed steps (decodes plus a prefill chunk), whose token count is no capture size;
-* speculative decoding, where a decode step carries ``1 + k`` tokens per sequence.
+* speculative decoding, where a decode step carries ``1 + k`` tokens per sequence;
+* the sampling parameters traffic sends: temperature with top-k/top-p, min-p, penalties,
+  logprobs and prompt logprobs, logit bias, seeded and unseeded sampling, greedy and sampled
+  requests in one batch.  vLLM 0.33's default (V2) model runner samples with Triton kernels
+  (``vllm/v1/worker/gpu/sample/``) that compile at the first request using them; 0.24's V1
+  runner samples in torch except top-k/top-p (``topk_topp_triton``);
+* the longest prompt the model length allows (positions far past the warmups').
 
 ``plan_requests`` turns a recipe's config and the serve args into that traffic, as batches of
 token-id prompts (no tokenizer: the bake runs with ``skip_tokenizer_init=True``).  Limits come
 from the serve args (``limits_from_serve_args``) or, better, from the live engine's resolved
 config (``limits_from_vllm_config``), so the plan uses the capture sizes vLLM really chose.
+
+Deterministic where vLLM allows: token ids, lengths and sampling seeds are fixed, and the
+driver admits each batch at once (vllm_engine: scheduler paused while it enqueues), so every
+round runs the same steps.  Why a round can still compile after a quiet one is in
+vllm_engine's docstring.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # vLLM's defaults when the serve args leave a limit out (vLLM 0.33 can pick larger ones per GPU
@@ -71,6 +84,12 @@ class RequestBatch:
     shared_prefix: int = 0  # tokens every prompt of the batch shares with the prefix seed
     seed: int = 0
     repetitive: bool = False  # prompts built from a short repeated n-gram (n-gram drafts hit)
+    # SamplingParams overrides, cycled over the prompts; empty: greedy, as before.
+    sampling: list[dict[str, Any]] = field(default_factory=list)
+
+    def sampling_for(self, i: int) -> dict[str, Any]:
+        """The SamplingParams fields of prompt ``i`` (besides max_tokens/ignore_eos)."""
+        return dict(self.sampling[i % len(self.sampling)]) if self.sampling else {"temperature": 0.0}
 
     @property
     def num_requests(self) -> int:
@@ -229,6 +248,14 @@ def plan_requests(recipe: Any, serve_args: dict[str, Any],
                              [8] * n_dec + [fits(2 * budget + budget // 2, 24), fits(budget // 2 + 5, 24)],
                              24, seed=8))
 
+    # The longest prompt the model length allows: positions no warmup reaches.
+    longest = fits(max_len - 8, 4)
+    if longest > max(max(b.prompt_lens) for b in plan):
+        plan.append(RequestBatch("longest-prompt", "a prompt as long as max_model_len allows",
+                                 [longest], 4, seed=9))
+
+    plan += sampling_batches(lim)
+
     k = lim.num_speculative_tokens
     if k:
         cap = lim.largest_capture or 1
@@ -240,11 +267,57 @@ def plan_requests(recipe: Any, serve_args: dict[str, Any],
     return plan
 
 
+# What traffic sets in SamplingParams, one dict per kind of request (token ids < 1000: any
+# vocabulary holds them).  Seeds make sampled tokens, and so n-gram drafts, repeatable.
+GREEDY = {"temperature": 0.0}
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 1}
+SAMPLING_KINDS: dict[str, list[dict[str, Any]]] = {
+    "sample-mixed": [GREEDY, SAMPLED, {"temperature": 1.0, "seed": 2}, {"temperature": 0.7, "top_p": 0.9, "seed": 3}],
+    "sample-topk": [{"temperature": 1.0, "top_k": 1, "seed": 4}, {"temperature": 0.6, "top_k": 100, "seed": 5}],
+    "sample-min-p": [{"temperature": 1.0, "min_p": 0.1, "seed": 6}, GREEDY],
+    "sample-penalties": [{"temperature": 0.8, "seed": 7, "repetition_penalty": 1.1,
+                          "frequency_penalty": 0.5, "presence_penalty": 0.5}, GREEDY],
+    "logprobs": [{"temperature": 0.0, "logprobs": 5}, {"temperature": 0.8, "seed": 8, "logprobs": 1},
+                 {"temperature": 0.0, "prompt_logprobs": 2}],
+    "logit-bias": [{"temperature": 0.8, "seed": 9, "logit_bias": {100: 5.0, 200: -5.0}}, GREEDY],
+    "sample-unseeded": [{"temperature": 1.0, "top_p": 0.9}],
+}
+
+
+def sampling_batches(lim: EngineLimits) -> list[RequestBatch]:
+    """Each kind of sampling traffic at a batch size of 1, 7 (no multiple of anything) and 16,
+    so both specializations of the sampler kernels' batch-size arguments compile; the mixed
+    kind also at 33 and past the largest graph size."""
+    out = []
+    for kind, params in SAMPLING_KINDS.items():
+        if kind == "sample-unseeded" and lim.num_speculative_tokens:
+            continue  # unseeded tokens would make the drafts, and so the step shapes, random
+        sizes = {1, 7, 16}
+        if kind == "sample-mixed":
+            sizes |= {33, lim.largest_capture + 1}
+        for n in sorted(x for x in sizes if 1 <= x <= lim.max_num_seqs):
+            out.append(RequestBatch(f"{kind}-{n}", f"sampling traffic: {kind}, {n} requests",
+                                    [24 + i % 5 for i in range(n)], 6, seed=300 + n,
+                                    sampling=params))
+    return out
+
+
 def plan_summary(plan: list[RequestBatch]) -> list[dict[str, Any]]:
     return [{"label": b.label, "requests": b.num_requests, "prompt_tokens": b.prompt_tokens,
              "max_tokens": b.max_tokens} for b in plan]
 
 
-__all__ = ["EngineLimits", "RequestBatch", "decode_sizes", "default_capture_sizes",
-           "limits_from_serve_args", "limits_from_vllm_config", "plan_requests", "plan_summary",
-           "token_ids"]
+def plan_digest(plan: list[RequestBatch], vocab_size: int) -> str:
+    """sha256 of everything the plan sends (token ids, lengths, sampling): two rounds with the
+    same digest sent the same traffic."""
+    h = hashlib.sha256()
+    for b in plan:
+        h.update(json.dumps([b.label, b.max_tokens, b.prompts(vocab_size),
+                             [b.sampling_for(i) for i in range(b.num_requests)]],
+                            sort_keys=True, default=str).encode())
+    return "sha256:" + h.hexdigest()
+
+
+__all__ = ["EngineLimits", "RequestBatch", "SAMPLING_KINDS", "decode_sizes",
+           "default_capture_sizes", "limits_from_serve_args", "limits_from_vllm_config",
+           "plan_digest", "plan_requests", "plan_summary", "sampling_batches", "token_ids"]

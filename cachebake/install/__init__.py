@@ -10,7 +10,8 @@ Steps, in order; nothing is written to DIR before step 5:
 4. if DIR already holds this digest for this serve path: "already installed", done;
    otherwise scan the whole layer, verifying digests and every entry (CORRUPT / UNSAFE);
 5. under DIR's lock: re-check, clean a killed install's leftovers, extract into a staging dir
-   relocating Triton group files on the way, sync, switch atomically (see atomic.py).
+   relocating Triton group files and the vllm role's paths on the way (a role that cannot be
+   relocated is left out, with a warning: relocate_vllm.py), sync, switch atomically.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from cachebake.install import atomic, extract, preflight, relocate
+from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
 from cachebake.install.source import open_source
 from cachebake.roles import serving_env
 from cachebake.runtime import serving_overlay_env as runtime_env
@@ -43,6 +45,9 @@ class InstallReport:
     files: int = 0
     file_bytes: int = 0
     groups_relocated: int = 0
+    relocated: dict[str, int] = field(default_factory=dict)  # role -> files rewritten for serve_at
+    left_out: dict[str, str] = field(default_factory=dict)  # role -> why it was not installed
+    warnings: list[str] = field(default_factory=list)
     cleaned: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -56,11 +61,22 @@ def _pick_target(target: str | None, serving) -> str:
     return target or serving.target
 
 
-def _load(source, bake, limits: extract.LayerLimits, serve_root: str) -> extract.Layer:
-    """Digest, decompression under the bomb guard, every entry checked, group files
-    relocated in memory; writes nothing."""
+def _load(source, bake, limits: extract.LayerLimits, serve_root: str,
+          manifest: dict) -> tuple[extract.Layer, relocate_vllm.RoleRelocation]:
+    """Digest, decompression under the bomb guard, every entry checked, group files and the
+    vllm role relocated in memory; writes nothing.  A role that cannot be relocated is taken
+    out of the layer's entries (it will not be written)."""
+    vllm = relocate_vllm.RoleRelocation(manifest, serve_root)
+    transform = relocate_vllm.combine(relocate.group_rewriter(serve_root), vllm.transform)
     with source.open_layer(bake) as compressed:
-        return extract.load_layer(compressed, limits, relocate.group_rewriter(serve_root))
+        layer = extract.load_layer(compressed, limits, transform)
+    if vllm.left_out:
+        layer.members = [(m, mode) for m, mode in layer.members
+                         if m.name.split("/", 1)[0] not in vllm.left_out]
+        layer.stats.entries = len(layer.members)
+        layer.stats.files = sum(1 for m, _ in layer.members if m.isreg())
+        layer.stats.file_bytes = sum(m.size for m, _ in layer.members if m.isreg())
+    return layer, vllm
 
 
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
@@ -94,6 +110,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                 and marker.get("serve_at") == serve_root:
             report.status = "already installed"
             report.version_dir = str(dest.current.resolve())
+            _left_out(report, dict(marker.get("left_out") or {}), serve_root)
             return True
         return False
 
@@ -103,12 +120,12 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
 
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
 
-    def load() -> extract.Layer:
+    def load() -> tuple[extract.Layer, relocate_vllm.RoleRelocation]:
         dest.check_space(limits.file_bytes + 4096 * limits.entries)
-        return _load(source, bake, limits, serve_root)
+        return _load(source, bake, limits, serve_root, manifest)
 
     # Load before taking the lock: racing installs verify in parallel, only writes take turns.
-    layer = None if report.status == "already installed" else load()
+    loaded = None if report.status == "already installed" else load()
 
     dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
@@ -118,15 +135,21 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
             report.seconds = round(time.monotonic() - started, 3)
             return report
         report.status = "installed"
-        layer = layer or load()
+        layer, vllm = loaded or load()
+        _left_out(report, vllm.left_out, serve_root)
+        report.relocated = {role: n for role, n in
+                            Counter(name.split("/", 1)[0] for name in layer.rewritten).items()
+                            if role not in vllm.left_out}
+        report.groups_relocated = report.relocated.get("triton", 0)
         staged = dest.new_staging()
         try:
             stats = extract.extract_layer(layer, str(staged), checkpoint=atomic.checkpoint)
-            marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
-                      "serve_at": serve_root, "artifact": report.artifact,
+            marker = {"layer_digest": bake.layer_digest, "target": report.target,
+                      "roles": report.roles, "serve_at": serve_root, "artifact": report.artifact,
                       "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "groups_relocated": stats.transformed}
-            version = dest.commit(staged, bake.layer_digest, marker, roles)
+                      "groups_relocated": report.groups_relocated, "relocated": report.relocated,
+                      "left_out": report.left_out}
+            version = dest.commit(staged, bake.layer_digest, marker, report.roles)
         except BaseException:
             # Disk full, EIO, Ctrl-C: don't leave the half-written tree for the next install.
             shutil.rmtree(staged, ignore_errors=True)
@@ -135,6 +158,16 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     report.status = "replaced" if previous else "installed"
     report.version_dir = str(dest.versions / version)
     report.entries, report.files = stats.entries, stats.files
-    report.file_bytes, report.groups_relocated = stats.file_bytes, stats.transformed
+    report.file_bytes = stats.file_bytes
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _left_out(report: InstallReport, left_out: dict[str, str], serve_root: str) -> None:
+    """Take the roles install could not relocate out of the report's roles and environment."""
+    report.left_out = dict(left_out)
+    report.roles = [r for r in report.roles if r not in left_out]
+    report.env = serving_env(serve_root, report.roles)
+    report.warnings = [f"left the {role} role out ({reason}); the other roles are installed "
+                       "and the server compiles what that role held"
+                       for role, reason in sorted(left_out.items())]

@@ -54,7 +54,8 @@ CHUNK = 1 << 20
 FILTER_DEST = "/nonexistent/cachebake-filter-dest"
 
 # Called with each file's member name; returns None (copy as is) or a function that maps the
-# file's bytes to the bytes to write (relocation of Triton group files).
+# file's bytes to the bytes to write (relocation of Triton group files and of the vllm role),
+# or returns the very object it was given to leave the file as is.
 Transform = Callable[[str], "Callable[[bytes], bytes] | None"]
 
 
@@ -247,7 +248,10 @@ def load_layer(compressed: BinaryIO, limits: LayerLimits, transform: Transform |
     for m, _ in members:
         rewrite = transform(m.name) if transform is not None and m.isreg() else None
         if rewrite is not None:
-            rewritten[m.name] = rewrite(bytes(tar_bytes[m.offset_data:m.offset_data + m.size]))
+            original = bytes(tar_bytes[m.offset_data:m.offset_data + m.size])
+            new = rewrite(original)
+            if new is not original:  # a rewrite returns its input itself to leave it as is
+                rewritten[m.name] = new
     guard.stats.transformed = len(rewritten)
     return Layer(tar_bytes, members, guard.stats, rewritten)
 
