@@ -22,11 +22,29 @@ def _text(value) -> str:
     return str(value)
 
 
-def _kv_table(title: str | None = None) -> Table:
-    t = Table(title=title, show_header=False, box=None, title_justify="left")
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(overflow="fold")
-    return t
+class _Fields:
+    """``label  value`` lines, printed without folding: digests and paths stay whole on one
+    line (what people copy), the terminal wraps them if it must."""
+
+    def __init__(self, title: str | None = None):
+        self.title = title
+        self.rows: list[tuple[str, str]] = []
+
+    def add_row(self, label: str, value: str) -> None:
+        self.rows.append((label, value))
+
+    def print(self, console: Console) -> None:
+        if self.title:
+            console.print(f"[bold]{escape(self.title)}[/]")
+        width = max((len(k) for k, _ in self.rows), default=0)
+        for label, value in self.rows:
+            console.print(f"  {label:<{width}}  {escape(value)}", soft_wrap=True)
+
+
+def _long(value, keep: int = 40) -> str:
+    """A long non-digest value (Triton's key is ~1.3 kB): its start and its length."""
+    text = _text(value)
+    return text if len(text) <= keep + 20 else f"{text[:keep]}... ({len(text)} chars; --json has it all)"
 
 
 # ---------------------------------------------------------------------------- pack / inspect
@@ -34,7 +52,7 @@ def _kv_table(title: str | None = None) -> Table:
 def render_bake(ref, console: Console) -> None:
     m = ref.manifest
     fp = m.fingerprint
-    t = _kv_table(f"bake {m.target}")
+    t = _Fields(f"bake {m.target}")
     t.add_row("image manifest", _text(ref.manifest_digest or None))
     t.add_row("layer", f"{m.layer.digest}  {m.layer.media_type}")
     raw = m.layer.uncompressed_size
@@ -44,7 +62,7 @@ def render_bake(ref, console: Console) -> None:
     t.add_row("roles", ", ".join(m.roles) + f"  (layer root {m.layer_root})")
     for key in ("triton_version", "python_tag", "gpu_name", "torch_version", "vllm_version"):
         t.add_row(key, _text(fp.get(key)))
-    t.add_row("triton_key", _text(fp.get("triton_key")))
+    t.add_row("triton_key", _long(fp.get("triton_key")))
     t.add_row("ptxas", _text(" ".join(str(fp.get("ptxas") or "").split()) or None))
     t.add_row("env", ", ".join(f"{k}={v}" for k, v in (fp.get("env") or {}).items()) or "(none set)")
     t.add_row("baked at", _text(", ".join(f"{k}={v}" for k, v in (fp.get("bake_paths") or {}).items())))
@@ -59,7 +77,7 @@ def render_bake(ref, console: Console) -> None:
     for key in ("driver", "compiles", "compile_seconds_moved", "autotune_seconds_moved"):
         if key in bake:
             t.add_row(key, _text(bake[key]))
-    console.print(t)
+    t.print(console)
     names: dict[str, int] = {}
     for k in m.inventory.kernels:
         names[k.name] = names.get(k.name, 0) + 1
@@ -179,9 +197,10 @@ def render_fingerprint(report, console: Console) -> None:
         console.print(f"wrote {escape(report.out)}: {fp.target}, triton {_text(fp.triton_version)}, "
                       f"GPU {_text(fp.gpu_name)}")
         return
-    t = _kv_table(f"fingerprint {fp.target}")
+    t = _Fields(f"fingerprint {fp.target}")
     for key, value in fp.to_dict().items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or None
-        t.add_row(key, _text(" ".join(str(value).split()) if value is not None else None))
-    console.print(t)
+        text = " ".join(str(value).split()) if value is not None else None
+        t.add_row(key, _long(text) if key == "triton_key" else _text(text))
+    t.print(console)

@@ -257,3 +257,66 @@ def test_a_group_file_naming_a_child_outside_its_key_dir_is_refused(triton_cache
     with pytest.raises(BadInput, match="not a plain file name"):
         _pack(triton_cache, tmp_path / "art")
     assert not (tmp_path / "art").exists()
+
+
+def test_the_target_is_the_caches_own(triton_cache, tmp_path, monkeypatch):
+    """Kernels record the target they were compiled for: --target must agree, and without it
+    (and without a GPU) that is the target."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: no visible GPU
+    with pytest.raises(BadInput, match=r"--target gfx942 \(hip:gfx942\) does not match the cache: "
+                                       r"its kernels were compiled for cuda:90"):
+        _pack(triton_cache, tmp_path / "a", target="gfx942")
+    with pytest.raises(BadInput, match="does not match"):
+        _pack(triton_cache, tmp_path / "a", target="sm_120")
+    assert not (tmp_path / "a").exists()
+    assert _pack(triton_cache, tmp_path / "a", target=None).target == "cuda:90"
+    with pytest.raises(BadInput, match="unknown GPU target 'sm_999'"):
+        _pack(triton_cache, tmp_path / "b", target="sm_999")
+
+
+def test_a_cache_mixing_targets_is_refused(triton_cache, tmp_path):
+    aot.compile_in_subprocess(triton_cache, specs=aot.SPECS[:1], target=("cuda", 120, 32))
+    with pytest.raises(BadInput, match="holds kernels for cuda:120, cuda:90"):
+        _pack(triton_cache, tmp_path / "a")
+
+
+def test_cli_says_created_added_replaced(triton_cache, tmp_path):
+    sm120 = tmp_path / "sm120" / "triton"
+    aot.compile_in_subprocess(sm120, specs=aot.SPECS[:1], target=("cuda", 120, 32))
+    out = tmp_path / "art"
+    runner = CliRunner()
+
+    def pack(cache, target, *extra):
+        r = runner.invoke(main, ["pack", str(cache), "--out", str(out), "--target", target, *extra])
+        assert r.exit_code == 0, r.output
+        return r
+
+    assert pack(triton_cache, "sm_90").stdout.startswith(f"packed the cuda:90 bake in {out}")
+    assert pack(sm120, "sm_120").stdout.startswith(f"added the cuda:120 bake in {out}")
+    first = open_artifact(out).select("sm_90").manifest_digest
+    (next(triton_cache.rglob("*.ttir"))).write_text("changed")  # another bake of the same target
+    again = json.loads(pack(triton_cache, "sm_90", "--json").stdout)
+    assert again["status"] == "replaced" and again["replaced_manifest_digest"] == first
+    assert again["targets"] == ["cuda:120", "cuda:90"] and again["manifest_digest"] != first
+    assert again["layer_digest"] == again["manifest"]["layer"]["digest"]
+    text = pack(triton_cache, "sm_90").stdout
+    assert text.startswith(f"replaced the cuda:90 bake in {out}")
+    assert f"replaced image {again['manifest_digest']}" in text
+
+
+def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from cachebake.progress import PackProgress
+
+    assert PackProgress(Console(file=io.StringIO(), force_terminal=False)).factory is None
+    term = io.StringIO()
+    with PackProgress(Console(file=term, force_terminal=True, width=100)) as bar:
+        report = _pack(triton_cache, tmp_path / "art", progress=bar.factory)
+    assert f"packing {report.manifest.layer.files} files" in term.getvalue()
+    # the CLI under a pipe (CliRunner): nothing but the report
+    r = CliRunner().invoke(main, ["pack", str(triton_cache), "--out", str(tmp_path / "b"),
+                                  "--target", "sm_90"])
+    assert r.exit_code == 0 and r.stderr == ""

@@ -8,9 +8,11 @@ reads one environment variable.
 
 import os
 
+from cachebake.capture.env import MONITOR_LOG_ENV  # os, pathlib, dataclasses: nothing heavy
+
 
 def register() -> None:
-    if not os.environ.get("CACHEBAKE_MONITOR_LOG"):
+    if not os.environ.get(MONITOR_LOG_ENV):
         return
     from cachebake.capture import monitor
 
