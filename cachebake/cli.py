@@ -25,6 +25,10 @@ from cachebake.params import (ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS, P
 from cachebake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
 
 
+# click >= 8.2 raises this for a command given no arguments at all (it shows the help)
+_NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class CachebakeGroup(click.Group):
     """The one error boundary (cachebake.errors): every exception becomes one line on stderr
     and a documented exit code; under ``--json`` the error is also the JSON envelope on
@@ -41,11 +45,14 @@ class CachebakeGroup(click.Group):
                                 complete_var=complete_var, standalone_mode=False, obj=out, **extra)
         except click.exceptions.Exit as e:  # --help, --version
             code = e.exit_code
+        except _NoArgsIsHelp as e:  # bare `cachebake` or `cachebake pack`: the help, as click
+            e.show()
+            code = e.exit_code
         except click.ClickException as e:  # bad options: click's message, one line, exit 2
             hint = f"see `cachebake {command} --help`" if command in self.commands else \
                 "see `cachebake --help`"
-            out.error(UsageError(" ".join(e.format_message().split()), ExitCode(e.exit_code),
-                                 hint=hint))
+            message = " ".join(e.format_message().split()).rstrip(".")
+            out.error(UsageError(message, ExitCode(e.exit_code), hint=hint))
             code = e.exit_code
         except (click.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
             out.error(Interrupted())

@@ -11,11 +11,12 @@ directory) is bad input (``BadInput``, exit 3).  Numbers use click's own ``IntRa
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path, PurePosixPath
 
 import click
 
-from cachebake.errors import BadInput
+from cachebake.errors import BadInput, from_os_error
 
 POSITIVE_INT = click.IntRange(min=1)
 NON_NEGATIVE_SECONDS = click.FloatRange(min=0.0)
@@ -41,9 +42,14 @@ class RoleDirType(click.ParamType):
                       param, ctx)
         if not path:
             self.fail(f"empty path in {value!r}", param, ctx)
-        if not os.path.isdir(path):
-            raise BadInput(f"{path}: no such directory" if not os.path.exists(path)
-                           else f"{path}: not a directory")
+        try:
+            is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+        except FileNotFoundError:
+            raise BadInput(f"{path}: no such directory") from None
+        except OSError as e:  # e.g. a parent this user cannot enter
+            raise from_os_error(e, path) from None
+        if not is_dir:
+            raise BadInput(f"{path}: not a directory")
         return CacheRoot(role, Path(path))
 
 

@@ -54,18 +54,20 @@ class PackReport:
         return d
 
 
-def check_writable(path: Path, option: str) -> None:
-    """Refuse (BadInput, naming ``option`` and ``path``) unless ``path`` can be created or
-    written: probed by creating and removing a directory in its nearest existing ancestor."""
-    parent = path if path.is_dir() else path.parent
+def check_writable(path: Path, option: str, shown: Path | None = None) -> None:
+    """Refuse (BadInput, naming ``option`` and ``shown`` or ``path``) unless ``path`` can be
+    created or written in: probed by creating and removing a directory in it or in its
+    nearest existing ancestor."""
+    shown = shown or path
+    parent = path
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise BadInput(f"{option} {path}: {parent} is not a directory")
+        raise BadInput(f"{option} {shown}: {parent} is not a directory")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".cachebake-probe-", dir=parent))
     except OSError as e:
-        raise BadInput(f"{option} {path}: cannot write in {parent}: {e.strerror or e}") from None
+        raise BadInput(f"{option} {shown}: cannot write in {parent}: {e.strerror or e}") from None
 
 
 def check_out(out: os.PathLike | str) -> Path:
@@ -78,7 +80,7 @@ def check_out(out: os.PathLike | str) -> Path:
             raise BadInput(f"--out {out} exists and is not a cachebake artifact; refusing to overwrite it")
     except OSError as e:
         raise from_os_error(e, out, "--out") from None
-    check_writable(out.parent, "--out")
+    check_writable(out.parent, "--out", shown=out)  # the artifact is renamed into place there
     return out
 
 
