@@ -138,7 +138,7 @@ def render_verify(report, console: Console) -> None:
 def render_install(report, console: Console) -> None:
     if report.status == "already installed":
         console.print(f"already installed: {report.layer_digest} ({report.target}) in "
-                      f"{escape(report.to)}", markup=True)
+                      f"{escape(report.to)}")
     else:
         console.print(f"{report.status}: {report.layer_digest} ({report.target}) in "
                       f"{escape(report.to)}: {report.files} files, {report.file_bytes / 1e6:.1f} MB, "

@@ -49,6 +49,16 @@ def test_visible_gpu_name_and_capability_from_nvidia_smi(tmp_path, monkeypatch):
     assert resolve_target("sm_120")[1] is None
 
 
+def test_cuda_visible_devices_hiding_every_gpu_is_no_gpu(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA H200, 9.0")
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        with pytest.raises(BadInput, match="pass --target"):
+            resolve_target(None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert resolve_target(None)[1] == "NVIDIA H200"
+
+
 def test_unparseable_nvidia_smi_is_no_gpu(tmp_path, monkeypatch):
     _fake_nvidia_smi(tmp_path, monkeypatch, "No devices were found")
     with pytest.raises(BadInput, match="pass --target"):

@@ -149,13 +149,23 @@ def python_tag() -> str:
     return f"{sys.implementation.cache_tag}{sysconfig.get_config_var('EXT_SUFFIX') or ''}"
 
 
+def _first_visible_cuda_device() -> str | None:
+    """The device (index or UUID) CUDA would use first: the first of CUDA_VISIBLE_DEVICES, "0"
+    when it is unset; None when it hides every device ("" or "-1", as CUDA reads it)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return "0"
+    first = value.split(",")[0].strip()
+    return None if not first or first.startswith("-") else first
+
+
 def _nvidia_smi_gpu() -> tuple[GPUTargetSpec, str] | None:
     """Name and compute capability from nvidia-smi: no CUDA context and no torch import (Triton's
     driver query imports torch, seconds an init container should not spend)."""
     smi = shutil.which("nvidia-smi")
-    if not smi:
+    dev = _first_visible_cuda_device()
+    if not smi or dev is None:
         return None
-    dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
     try:
         out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", dev],
                              capture_output=True, text=True, timeout=20)
@@ -177,10 +187,13 @@ def _nvml_gpu() -> tuple[GPUTargetSpec, str] | None:
     except ImportError:
         return None
     try:
+        dev = _first_visible_cuda_device()
+        if dev is None:
+            return None
         pynvml.nvmlInit()
         try:
-            dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(dev) if dev.isdigit() else 0)
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(dev)) if dev.isdigit()
+                      else pynvml.nvmlDeviceGetHandleByUUID(dev))
             name = pynvml.nvmlDeviceGetName(handle)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         finally:
