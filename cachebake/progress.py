@@ -80,7 +80,7 @@ class RoundProgress:
 
 class PackProgress:
     """A byte bar for ``pack_artifact(progress=...)`` on a terminal; ``factory`` is None
-    elsewhere, so nothing is drawn into logs or pipes.  Use as a context manager: the bar is
+    elsewhere (a pipe, a log, TERM=dumb), so nothing is drawn there.  Use as a context manager: the bar is
     removed whatever happens."""
 
     def __init__(self, console: Console | None = None, label: str = "packing"):
@@ -90,7 +90,8 @@ class PackProgress:
 
     @property
     def factory(self):
-        return self._start if self.console.is_terminal else None
+        live = self.console.is_terminal and not self.console.is_dumb_terminal
+        return self._start if live else None
 
     def _start(self, files: int, total_bytes: int):
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn

@@ -304,7 +304,7 @@ def test_cli_says_created_added_replaced(triton_cache, tmp_path):
     assert f"replaced image {again['manifest_digest']}" in text
 
 
-def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path):
+def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path, monkeypatch):
     import io
 
     from rich.console import Console
@@ -312,6 +312,9 @@ def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path):
     from cachebake.progress import PackProgress
 
     assert PackProgress(Console(file=io.StringIO(), force_terminal=False)).factory is None
+    monkeypatch.setenv("TERM", "dumb")
+    assert PackProgress(Console(file=io.StringIO(), force_terminal=True)).factory is None
+    monkeypatch.setenv("TERM", "xterm-256color")
     term = io.StringIO()
     with PackProgress(Console(file=term, force_terminal=True, width=100)) as bar:
         report = _pack(triton_cache, tmp_path / "art", progress=bar.factory)
