@@ -15,7 +15,9 @@ WORK=$(mktemp -d); ROOT=$(mktemp -d); cd "$WORK"  # a fresh working dir: --out d
 CB=(python3 -m cachebake.cli)
 
 t0=$(date +%s.%N)
-"${CB[@]}" build --model nemotron-h --root "$ROOT" --json >"$OUT/build.json" 2>"$OUT/build.err"
+# exactly as typed (plus --json for the record); CACHEBAKE_ROOT only moves the default root off
+# this machine's /var/cache/cachebake
+CACHEBAKE_ROOT="$ROOT" "${CB[@]}" build --model nemotron-h --json >"$OUT/build.json" 2>"$OUT/build.err"
 rc=$?; dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
 python3 - "$OUT/build.json" "$rc" "$dt" >>"$RES" <<'PY'
 import json, sys
@@ -32,8 +34,8 @@ echo "{\"step\": \"inspect\", \"rc\": $?}" >>"$RES"
 
 # the same command where no GPU is visible: one line, exit 7, in seconds
 t0=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES="" "${CB[@]}" build --model nemotron-h --out "$WORK/x" \
-  --root "$(mktemp -d)" >/dev/null 2>"$OUT/nogpu.err"
+CACHEBAKE_ROOT="$(mktemp -d)" CUDA_VISIBLE_DEVICES="" "${CB[@]}" build --model nemotron-h \
+  >/dev/null 2>"$OUT/nogpu.err"
 rc=$?; dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))")
 echo "{\"step\": \"build without a visible GPU\", \"rc\": $rc, \"wall_s\": $dt, \"lines\": $(wc -l <"$OUT/nogpu.err")}" >>"$RES"
 cat "$RES"

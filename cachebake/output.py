@@ -68,10 +68,12 @@ class Output:
         from lower modules need not know about rich), else ``report.render(console)``."""
         if ok is None:
             ok = bool(getattr(report, "ok", True))
-        self.emitted = True
         if self.as_json:
-            self.print_json(envelope(self.command, ok, report.to_dict()))
+            doc = envelope(self.command, ok, report.to_dict())
+            self.emitted = True
+            self.print_json(doc)
             return
+        self.emitted = True
         if render is not None:
             render(report, self.console)
         elif getattr(report, "render", None) is not None:
