@@ -17,7 +17,10 @@ SRC
 opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
       -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
       -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= -o APT::Get::List-Cleanup=0
-      -o APT::Sandbox::User=root)
+      -o APT::Sandbox::User=root
+      # sid's Release carries a Valid-Until a week ahead; a mirror snapshot or a skewed clock
+      # makes it "expired".  The signature (signed-by above) is still checked.
+      -o Acquire::Check-Valid-Until=false)
 apt-get "${opts[@]}" -qq update >&2
 (cd "$work" && apt-get "${opts[@]}" -qq download umoci >&2)
 mkdir -p "$dest"

@@ -1,239 +1,160 @@
-"""``cachebake build``: run a warmup under the compile monitor until nothing new compiles, then
-pack the caches it filled.
+"""``cachebake build``: check everything, run a warmup under the compile monitor until the
+caches stop growing, then pack what the rounds filled.
 
-Each round is a fresh process (a driver's ``round_argv``) in the bake env, with every process
-of it appending compile events to one log.  A round that does no work -- no real compile, no
-autotune benchmark, no helper build -- proves that a server starting from these caches would
-not either: that is the fixed point.  Until it is reached the caches are incomplete, so a
-command still compiling after ``max_rounds`` is a failure (``NotStable``) unless the caller
-accepts an incomplete bake.
+Order matters to a user who waits minutes per round: every check that can fail runs before
+round 1 (``preflight``): the driver's packages and GPU, the GPU target, ``--out`` (not in the
+way, writable), ``--root`` (writable, and empty unless ``--reuse-root``: an earlier bake's
+kernels would silently end up in this artifact), the round options.  Then the rounds
+(cachebake.rounds) until enough consecutive quiet rounds prove the fixed point, then pack
+(cachebake.artifact.pack) with the bake section: what ran, the env, every round, and what the
+driver recorded.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
+import shutil
 import tempfile
-import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from cachebake.capture.env import ROUND_ENV, BakeEnv, InvalidatingEnvWarning, bake_env
-from cachebake.capture.events import WORK_KINDS, Event, EventSummary, EventTail, read_events
-from cachebake.errors import BadInput, CommandFailed, NotStable
-from cachebake.progress import RoundProgress
-
-DEFAULT_MAX_ROUNDS = 4
+from cachebake.artifact.fingerprint import GPUTargetSpec, visible_gpu
+from cachebake.artifact.pack import CacheRoot, PackReport, check_out, check_writable, pack_artifact
+from cachebake.capture.env import ALL_ROLES, InvalidatingEnvWarning, bake_env
+from cachebake.errors import BadInput, CommandFailed, Interrupted
+from cachebake.rounds import (DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS, Driver, RoundProgress,
+                              Rounds, check_round_options, run_rounds)
 
 
 @dataclass
-class RoundReport:
-    index: int  # 1-based
-    exit_code: int
-    seconds: float
-    summary: EventSummary
-    log: str  # the round's stdout+stderr
+class BuildPlan:
+    """What preflight settled: where the artifact goes, where the bake runs, for which GPU."""
 
-    @property
-    def stable(self) -> bool:
-        return self.exit_code == 0 and self.summary.stable
-
-    def to_dict(self) -> dict:
-        return {"round": self.index, "exit_code": self.exit_code,
-                "seconds": round(self.seconds, 3), **self.summary.to_dict()}
+    out: Path
+    root: Path
+    target: str  # "cuda:90"
 
 
 @dataclass
 class BuildReport:
-    driver: dict  # what ran: the command line, or the driver and its model
-    env: dict  # BakeEnv.to_dict(): root, roles, pinned variables, invalidating vars
-    events_path: str
-    rounds: list[RoundReport] = field(default_factory=list)
-    stable: bool = False
-    work_events: list[Event] = field(default_factory=list)  # compiles/autotunes/helper builds
+    plan: BuildPlan
+    rounds: Rounds
+    bake: dict  # the manifest's bake section
+    pack: PackReport
 
     @property
-    def total(self) -> EventSummary:
-        return EventSummary.of(self.work_events)
+    def stable(self) -> bool:
+        return self.rounds.stable
 
     def to_dict(self) -> dict:
-        """The manifest's ``bake`` section."""
-        total = self.total
-        inventory: dict[str, int] = {}
-        for e in self.work_events:
-            if e.kind == "compile":
-                inventory[e.kernel] = inventory.get(e.kernel, 0) + 1
-        return {
-            **self.driver,
-            "env": self.env,
-            "stable": self.stable,
-            "rounds": len(self.rounds),
-            "per_round": [r.to_dict() for r in self.rounds],
-            "compiles": total.compiles,
-            "autotunes": total.autotunes,
-            "helper_builds": total.helper_builds,
-            # the time a server no longer spends: compiles + benchmarks + gcc, all rounds
-            "compile_seconds_moved": total.compile_seconds,
-            "autotune_seconds_moved": total.autotune_seconds,
-            "helper_seconds_moved": total.helper_seconds,
-            "kernels": dict(sorted(inventory.items())),
-            "events": [_event_record(e) for e in self.work_events],
-        }
+        return {"status": self.pack.status, "out": str(self.plan.out), "target": self.pack.target,
+                "targets": self.pack.targets, "manifest_digest": self.pack.manifest_digest,
+                "layer_digest": self.pack.layer_digest, "layer_size": self.pack.manifest.layer.size,
+                "root": str(self.plan.root), "stable": self.stable, "rounds": len(self.rounds.rounds),
+                "record": self.pack.manifest.record, "bake": self.bake}
 
 
-def _event_record(e: Event) -> dict:
-    d = {k: v for k, v in asdict(e).items() if v not in (None, {}, [])}
-    d.pop("time", None)  # wall-clock and process ids are noise in a manifest
-    d.pop("pid", None)
-    return d
+def _bake_target(target: str | None) -> str:
+    """``--target``, else the visible GPU.  A ``--target`` other than the visible GPU's makes a
+    cross-target bake (cachebake.replay.seed: Triton compiles for it, launches are skipped)."""
+    if target:
+        return GPUTargetSpec.parse(target).key
+    seen = visible_gpu()
+    if seen is None:
+        raise BadInput("no GPU is visible here: pass --target, the GPU the warmup compiles for "
+                       "(e.g. --target sm_90)")
+    return seen[0].key
 
 
-def run_round(driver, env: dict[str, str], events_path: str, index: int, log_dir: str,
-              progress: RoundProgress | None = None) -> RoundReport:
-    """Run one round of ``driver`` in ``env``; its events are the log lines tagged ``index``."""
-    log_path = os.path.join(log_dir, f"round-{index}.log")
-    argv = driver.round_argv()
-    tail = EventTail(events_path)
-    tail.offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
-    start = time.monotonic()
-    with open(log_path, "wb") as log:
+def _check_root(root: os.PathLike | str, roles: tuple[str, ...], reuse_root: bool) -> Path:
+    root = Path(os.path.abspath(os.fspath(root)))
+    check_writable(root, "--root")
+    used = []
+    for role in roles:
+        d = root / role
         try:
-            proc = subprocess.Popen(argv, env={**env, ROUND_ENV: str(index)}, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if d.exists() and not d.is_dir():
+                raise BadInput(f"--root {root}: {d} is not a directory")
+            n = len(os.listdir(d)) if d.is_dir() else 0
         except OSError as e:
-            raise CommandFailed(f"could not start {argv[0]!r}: {e.strerror or e}") from e
-        try:
-            while proc.poll() is None:
-                time.sleep(0.25)
-                if progress is not None:
-                    progress.update(tail.new_events())
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait()
-            raise
-    if progress is not None:
-        progress.update(tail.new_events())
-    events = [e for e in read_events(events_path) if e.round == index]
-    return RoundReport(index=index, exit_code=proc.returncode,
-                       seconds=time.monotonic() - start, summary=EventSummary.of(events),
-                       log=log_path)
+            raise BadInput(f"--root {root}: cannot read {d}: {e.strerror}") from None
+        if n:
+            used.append(f"{role}/ {n} entries")
+    if used and not reuse_root:
+        raise BadInput(f"--root {root} already holds caches ({', '.join(used)}) that would be "
+                       "packed into this artifact: remove them, give an empty --root, or pass "
+                       "--reuse-root to bake on top of them")
+    return root
 
 
-def run_until_stable(driver, benv: BakeEnv, *, max_rounds: int = DEFAULT_MAX_ROUNDS,
-                     until_stable: bool = True, work_dir: os.PathLike | str | None = None,
-                     progress: RoundProgress | None = None) -> BuildReport:
-    """Rounds until one does no work.  Raises CommandFailed if a round fails, and NotStable
-    if ``until_stable`` and the last of ``max_rounds`` still did work."""
-    if max_rounds < 1:
-        raise BadInput("--max-rounds must be at least 1")
-    events_path = benv.pinned.get("CACHEBAKE_MONITOR_LOG")
-    if not events_path:
-        raise BadInput("the bake env has no monitor log (bake_env(monitor_log=...))")
-    work = Path(work_dir) if work_dir else Path(os.path.dirname(events_path))
-    work.mkdir(parents=True, exist_ok=True)
-    open(events_path, "wb").close()  # this build's rounds only: round numbers restart at 1
-    benv.make_dirs()
-    report = BuildReport(driver=driver.describe(), env=benv.to_dict(), events_path=events_path)
-    for index in range(1, max_rounds + 1):
-        if progress is not None:
-            progress.start_round(index, max_rounds)
-        rnd = run_round(driver, benv.env, events_path, index, str(work), progress)
-        report.rounds.append(rnd)
-        if progress is not None:
-            progress.end_round(rnd)
-            if rnd.exit_code != 0:
-                progress.show_tail(rnd.log)
-        if rnd.exit_code != 0:
-            raise _with_report(CommandFailed, report,
-                               f"round {index}: {driver.label()} exited with "
-                               f"{_exit_text(rnd.exit_code)} (output: {rnd.log})")
-        if rnd.summary.seen == 0:
-            raise _with_report(CommandFailed, report, no_activity_message(index, rnd.log))
-        if rnd.summary.stable:
-            report.stable = True
-            break
-    report.work_events = work_events(events_path)
-    if not report.stable and until_stable:
-        last = report.rounds[-1].summary
-        raise _with_report(
-            NotStable,
-            report,
-            f"still compiling after {max_rounds} rounds (last round: {last.compiles} compiles, "
-            f"{last.autotunes} autotune benchmarks, {last.helper_builds} helper builds: "
-            f"{', '.join(last.kernels[:5]) or '-'}); the warmup is not deterministic -- "
-            "raise --max-rounds or pass --no-until-stable to pack an incomplete bake")
-    return report
+def preflight(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str,
+              target: str | None = None, reuse_root: bool = False,
+              roles: tuple[str, ...] = ALL_ROLES, max_rounds: int = DEFAULT_MAX_ROUNDS,
+              quiet_rounds: int = DEFAULT_QUIET_ROUNDS, until_stable: bool = True) -> BuildPlan:
+    """Every check ``build`` can make before round 1; raises the first failure."""
+    check_round_options(max_rounds, quiet_rounds, until_stable)
+    driver.preflight()
+    return BuildPlan(out=check_out(out), root=_check_root(root, roles, reuse_root),
+                     target=_bake_target(target))
 
 
-def _with_report(error_class, report: BuildReport, message: str):
-    """The error, carrying the report so far (callers may still want the rounds)."""
-    report.work_events = work_events(report.events_path)
-    err = error_class(message)
-    err.report = report
-    return err
-
-
-def work_events(events_path: os.PathLike | str) -> list[Event]:
-    """The compiles, autotune benchmarks and helper builds in a log."""
-    return [e for e in read_events(events_path) if e.kind in WORK_KINDS]
-
-
-def no_activity_message(index: int, log: str) -> str:
-    return (f"round {index} ran, but the monitor saw no Triton compile or cache hit in any "
-            f"process (output: {log}); the command must run Triton in Python processes that "
-            "inherit the environment (PYTHONPATH, CACHEBAKE_MONITOR_LOG)")
-
-
-def _exit_text(code: int) -> str:
-    return f"signal {-code}" if code < 0 else f"exit code {code}"
-
-
-def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None,
+def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None,
           target: str | None = None, max_rounds: int = DEFAULT_MAX_ROUNDS,
-          until_stable: bool = True, allow_invalidating: bool = False,
+          quiet_rounds: int = DEFAULT_QUIET_ROUNDS, until_stable: bool = True,
+          reuse_root: bool = False, allow_invalidating: bool = False,
           work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
           seed=None, jobs: int | None = None, gpu_name: str | None = None, retune: bool = False,
-          **pack_options):
-    """The whole of ``cachebake build``: rounds to the fixed point, then pack.  Returns
-    (BuildReport, PackReport).  ``pack_options`` (layer_root, prune_ir) go to pack_artifact
-    when set; layer_root defaults to the bake root."""
+          warn: Callable[[str], None] | None = None, layer_root: str | None = None,
+          prune_ir: bool = False, pack_progress=None) -> BuildReport:
+    """The whole of ``cachebake build``: preflight, rounds to the fixed point, pack.
+
+    ``layer_root`` defaults to the bake root (group files then already point where a server
+    using the same root finds them).  A temp work dir (no ``work_dir``) is removed at the end,
+    whatever happens."""
+    roles = tuple(roles) if roles else ALL_ROLES
+    plan = preflight(driver, out=out, root=root, target=target, reuse_root=reuse_root,
+                     roles=roles, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                     until_stable=until_stable)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
-    work.mkdir(parents=True, exist_ok=True)
-    kwargs = {"roles": tuple(roles)} if roles else {}
-    with warnings.catch_warnings():  # shown once, below, as a plain line
-        warnings.simplefilter("ignore", InvalidatingEnvWarning)
-        benv = bake_env(root, monitor_log=work / "events.jsonl",
-                        allow_invalidating=allow_invalidating, **kwargs)
-    for note in benv.warnings:
-        if progress is not None:
-            progress.console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
-        else:
-            warnings.warn(note, InvalidatingEnvWarning, stacklevel=2)
-    from cachebake.replay.seed import prepare_bake  # seed, cross-target, this bake's record
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # shown once, below, through ``warn``
+            warnings.simplefilter("ignore", InvalidatingEnvWarning)
+            benv = bake_env(plan.root, roles, monitor_log=work / "events.jsonl",
+                            allow_invalidating=allow_invalidating)
+        for note in benv.warnings:
+            if warn is not None:
+                warn(note)
+            else:
+                warnings.warn(note, InvalidatingEnvWarning, stacklevel=2)
+        from cachebake.replay.seed import prepare_bake  # seed, cross-target, this bake's record
 
-    prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name, retune=retune)
-    report = run_until_stable(driver, benv, max_rounds=max_rounds, until_stable=until_stable,
-                              work_dir=work, progress=progress)
-    from cachebake.artifact.pack import CacheRoot, pack_artifact  # the artifact half
-
-    cache_roots = [CacheRoot(role, Path(d)) for role, d in benv.role_dirs().items()
-                   if os.path.isdir(d) and any(os.scandir(d))]
-    if not cache_roots:
-        raise CommandFailed(f"the warmup left every cache under {benv.root} empty: "
-                            "nothing to bake (does it use Triton at all?)")
-    options = {k: v for k, v in pack_options.items() if v not in (None, False)}
-    # Group files are written for the root the cache was baked at: an image mounted there (or
-    # a server started with the same pinned env) hits without rewriting anything.
-    options.setdefault("layer_root", str(benv.root))
-    bake = report.to_dict()
-    # The vllm driver leaves its record (model identity and path, the exact serve args, the
-    # limits vLLM resolved, the request plan) beside the monitor's log: it becomes part of the
-    # bake section, where `serve-args` and `inspect` read it.
-    record = work / "vllm-bake.json"
-    if record.is_file():
-        bake.update(json.loads(record.read_text()))
-    packed = pack_artifact(cache_roots, Path(out), target=target, bake=bake,
-                           record=prep.finish(bake), **options)
-    return report, packed
+        prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name,
+                            retune=retune)
+        try:
+            rounds = run_rounds(driver, benv, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                                until_stable=until_stable, work_dir=work,
+                                keep_logs=work_dir is not None, progress=progress)
+        except KeyboardInterrupt:
+            raise Interrupted(f"the bake was stopped; nothing was packed and {plan.out} is as it "
+                              f"was; the caches under {plan.root} keep what the rounds compiled "
+                              "(--reuse-root continues from them)") from None
+        cache_roots = [CacheRoot(role, Path(d)) for role, d in benv.role_dirs().items()
+                       if os.path.isdir(d) and any(os.scandir(d))]
+        if not cache_roots:
+            raise CommandFailed(f"the warmup left every cache under {plan.root} empty: "
+                                "nothing to bake (does it use Triton at all?)")
+        bake = {**driver.describe(), "env": benv.to_dict(), **rounds.to_dict(),
+                # what the driver recorded (the vllm driver: model path, the exact serve args,
+                # the limits vLLM resolved, the request plan): `serve-args` and `inspect` read it
+                **driver.recorded(work)}
+        record = prep.finish(bake)  # this bake's compile record; notes seed/cross-target in bake
+        packed = pack_artifact(cache_roots, plan.out, target=plan.target, bake=bake,
+                               layer_root=layer_root or str(plan.root), prune_ir=prune_ir,
+                               record=record, progress=pack_progress)
+        return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed)
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)

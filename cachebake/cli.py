@@ -1,19 +1,32 @@
-"""The ``cachebake`` command line: parse, call one function, render.  No logic lives here.
+"""The ``cachebake`` command line: parse, call one function, emit its report.  No logic here.
 
-Every refusal is a CachebakeError: one line on stderr, the exit code README documents
-(``CachebakeGroup.main`` is the one handler; see cachebake.errors for the rules).
+Every command builds a report (a dataclass with ``to_dict()``) and hands it to
+``output(as_json).emit(report, render=...)``: rich text for people, one JSON envelope for
+scripts (cachebake.output).  Option values are checked by click parameter types while parsing
+(cachebake.params).  Every refusal is a CachebakeError: one line on stderr, the exit code README
+documents (``CachebakeGroup.main`` is the one handler; see cachebake.errors for the rules).
+
+Light commands stay light: ``pack``, ``inspect``, ``install``, ``fingerprint``, ``recipes``
+and ``serve-args`` import neither torch nor vllm (tests/test_cli_imports.py holds them to it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import click
 
-from cachebake.errors import CachebakeError, ExitCode, Interrupted, from_os_error
+from cachebake.errors import (CachebakeError, ExitCode, Interrupted, UsageError, from_os_error,
+                              write_crash_log)
 from cachebake.output import Output, envelope
+from cachebake.params import (ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS, POSITIVE_INT,
+                              ROLE_DIR, SERVE_ARGS)
+from cachebake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
+
+
+# click >= 8.2 raises this for a command given no arguments at all (it shows the help)
+_NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class CachebakeGroup(click.Group):
@@ -32,16 +45,16 @@ class CachebakeGroup(click.Group):
                                 complete_var=complete_var, standalone_mode=False, obj=out, **extra)
         except click.exceptions.Exit as e:  # --help, --version
             code = e.exit_code
-        except click.ClickException as e:  # bad options: click's own message, exit 2
+        except _NoArgsIsHelp as e:  # bare `cachebake` or `cachebake pack`: the help, as click
             e.show()
-            if out.as_json:
-                out.print_json(envelope(command, False, {"error": {
-                    "code": e.exit_code, "kind": "usage", "message": e.format_message()}}))
             code = e.exit_code
-        except click.Abort:  # click turns KeyboardInterrupt (and EOF at a prompt) into Abort
-            out.error(Interrupted())
-            code = int(ExitCode.INTERRUPTED)
-        except KeyboardInterrupt:
+        except click.ClickException as e:  # bad options: click's message, one line, exit 2
+            hint = f"see `cachebake {command} --help`" if command in self.commands else \
+                "see `cachebake --help`"
+            message = " ".join(e.format_message().split()).rstrip(".")
+            out.error(UsageError(message, ExitCode(e.exit_code), hint=hint))
+            code = e.exit_code
+        except (click.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
             out.error(Interrupted())
             code = int(ExitCode.INTERRUPTED)
         except CachebakeError as e:
@@ -53,7 +66,7 @@ class CachebakeGroup(click.Group):
             out.error(from_os_error(e, what="", error_class=CachebakeError))
             code = int(ExitCode.FAILURE)
         except Exception as e:  # noqa: BLE001 - the boundary: a bug, reported in one line
-            log = _write_crash_log(e)
+            log = write_crash_log(e)
             out.error(CachebakeError(f"internal error: {type(e).__name__}: {e}"
                                      + (f" (traceback in {log})" if log else "")))
             code = int(ExitCode.FAILURE)
@@ -63,30 +76,10 @@ class CachebakeGroup(click.Group):
         sys.exit(code)
 
 
-def _write_crash_log(exc: BaseException) -> str | None:
-    """Write ``exc``'s traceback to a fresh file; its path, or None if nothing could be written."""
-    import tempfile
-    import traceback
-
-    try:
-        fd, path = tempfile.mkstemp(prefix="cachebake-crash-", suffix=".log",
-                                    dir=os.environ.get("CACHEBAKE_LOG_DIR") or None)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"cachebake {' '.join(sys.argv[1:])}\n")
-            f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-        return path
-    except OSError:
-        return None
-
-
 @click.group(cls=CachebakeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cachebake")
 def main():
     """Bake Triton kernels and autotune results for a vLLM deployment at image-build time."""
-
-
-def _emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=True))
 
 
 def output(as_json: bool = False) -> Output:
@@ -100,105 +93,124 @@ def output(as_json: bool = False) -> Output:
     return out
 
 
+JSON_OPTION = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON object (the cachebake envelope) on stdout.")
+
+
 @main.command()
-@click.argument("roots", nargs=-1, required=True, metavar="[ROLE=]CACHE_DIR...")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=True, dir_okay=True),
-              help="Artifact directory (an OCI image layout); an existing artifact gains this target.")
-@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
-@click.option("--layer-root", help="Absolute path the server mounts the cache at (default /var/cache/cachebake).")
+@click.argument("roots", nargs=-1, required=True, type=ROLE_DIR, metavar="[ROLE=]CACHE_DIR...")
+@click.option("--out", "out", required=True, type=click.Path(),
+              help="Artifact directory (an OCI image layout); an existing artifact gains this "
+                   "target, or has this target's bake replaced.")
+@click.option("--target", type=GPU_TARGET,
+              help="GPU target, e.g. sm_90; must match the cache's kernels (default: theirs, "
+                   "else the visible GPU).")
+@click.option("--layer-root", type=ABSOLUTE_PATH,
+              help="Absolute path the server mounts the cache at (default /var/cache/cachebake).")
 @click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx: ~3x smaller, kernels still hit.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@JSON_OPTION
 def pack(roots, out, target, layer_root, prune_ir, as_json):
     """Pack cache directories (triton=, vllm=, flashinfer=, inductor=) into an artifact."""
-    from cachebake.artifact.pack import pack_artifact, parse_root
-
-    report = pack_artifact([parse_root(r) for r in roots], out, target=target, layer_root=layer_root,
-                           prune_ir=prune_ir)
-    if as_json:
-        _emit_json(report.to_dict())
-        return
+    from cachebake.artifact.pack import pack_artifact
+    from cachebake.progress import PackProgress
     from cachebake.render import render_pack
 
-    render_pack(report)
+    with PackProgress() as bar:
+        report = pack_artifact(list(roots), out, target=target, layer_root=layer_root,
+                               prune_ir=prune_ir, progress=bar.factory)
+    output(as_json).emit(report, render=render_pack)
 
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--target", help="Show only this GPU target's bake.")
-@click.option("--json", "as_json", is_flag=True, help="Print the full manifests as JSON.")
+@click.option("--target", type=GPU_TARGET, help="Show (and verify) only this GPU target's bake.")
+@JSON_OPTION
 def inspect(artifact, target, as_json):
-    """Show an artifact's fingerprint, kernel inventory, sizes and digests."""
+    """Verify every blob of ARTIFACT and show its fingerprint, kernel inventory, sizes and
+    digests.  ARTIFACT: an artifact dir, an OCI layout, or a .tar.zst layer with its
+    cachebake.json beside it."""
     from cachebake.inspect import inspect_artifact
-
-    report = inspect_artifact(artifact, target)
-    if as_json:
-        _emit_json(report.to_dict())
-        return
     from cachebake.render import render_inspect
 
-    render_inspect(report)
+    output(as_json).emit(inspect_artifact(artifact, target), render=render_inspect)
+
+
+_DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve args), kernels "
+                "(vLLM's Mamba2 Triton ops at the model's shapes), or command (the CMD after --). "
+                "Default: -- CMD if given, else vllm where vLLM and a GPU are, else kernels where "
+                "torch and vLLM's ops are.")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
-@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]),
-              help="What runs one warmup round (default: the command after --).")
-@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the recipe's).")
-@click.option("--serve-args", "serve_args", default=None,
+@click.option("--model", help="Recipe name (see `cachebake recipes`) or model directory.")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]), help=_DRIVER_HELP)
+@click.option("--tp", type=POSITIVE_INT, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", type=SERVE_ARGS, default=None,
               help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
 @click.option("--model-dir", "model_dir", type=click.Path(), default=None,
               help="vllm driver: where the model config goes; use the path the server will use.")
-@click.option("--out", required=True, type=click.Path(), help="Artifact directory to write.")
+@click.option("--out", type=click.Path(), default=None,
+              help="Artifact directory to write (default: ./cachebake-MODEL).")
 @click.option("--root", default=None, type=click.Path(),
-              help="Cache root to bake in; serve from the same path (default /var/cache/cachebake).")
-@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
+              help="Cache root to bake in; serve from the same path (default /var/cache/cachebake). "
+                   "Must be empty unless --reuse-root.")
+@click.option("--reuse-root", is_flag=True,
+              help="Bake on top of the caches already under --root (they are packed too).")
+@click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
 @click.option("--until-stable/--no-until-stable", default=True, show_default=True,
-              help="Fail (exit 10) if a round still compiles after --max-rounds.")
-@click.option("--max-rounds", type=int, default=4, show_default=True)
-@click.option("--work-dir", type=click.Path(), help="Where round logs and events go (default: a temp dir).")
+              help="Run rounds until --quiet-rounds rounds in a row compile nothing (exit 10 if "
+                   "--max-rounds run out first); --no-until-stable runs exactly one round.")
+@click.option("--quiet-rounds", type=POSITIVE_INT, default=DEFAULT_QUIET_ROUNDS, show_default=True,
+              help="Consecutive rounds without a compile, autotune or helper build that make a "
+                   "bake stable (recorded in the manifest).")
+@click.option("--max-rounds", type=POSITIVE_INT, default=DEFAULT_MAX_ROUNDS, show_default=True,
+              help="Give up (exit 10) when the bake is not stable after this many rounds.")
+@click.option("--work-dir", type=click.Path(file_okay=False),
+              help="Keep round logs and events here (default: a temp dir, removed at the end).")
 @click.option("--allow-env", is_flag=True,
               help="Cache-invalidating variables are set on purpose: record them without warning.")
-@click.option("--layer-root", help="Absolute path the server mounts the cache at (pack's default if unset).")
+@click.option("--layer-root", type=ABSOLUTE_PATH,
+              help="Absolute path the server mounts the cache at (default: the bake root).")
 @click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
-@click.option("--seed", type=click.Path(), help="An artifact or record: precompile its launches before round 1.")
-@click.option("--jobs", type=int, default=None, help="Processes for --seed (default: all cores).")
+@click.option("--seed", type=click.Path(exists=True), help="An artifact or record: precompile its launches before round 1.")
+@click.option("--jobs", type=POSITIVE_INT, default=None, help="Processes for --seed (default: all cores).")
 @click.option("--retune", is_flag=True, help="--seed: do not carry its autotune results (benchmark afresh).")
 @click.option("--gpu-name", help="Cross-target bake: the target GPU's name, for vLLM's per-GPU config tables.")
-@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
+@JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def build(model, driver, tp, serve_args, model_dir, out, root, target, until_stable, max_rounds, work_dir, allow_env,
-          layer_root, prune_ir, seed, jobs, retune, gpu_name, as_json, cmd):
-    """Run a warmup under the compile monitor until a round compiles nothing, then pack."""
+def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
+          quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, seed, jobs, retune,
+          gpu_name, as_json, cmd):
+    """Check everything, run a warmup under the compile monitor until rounds stop compiling,
+    then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
     from cachebake.build import build as run_build
-    from cachebake.drivers.command import make_driver
-    from cachebake.progress import RoundProgress
+    from cachebake.drivers.command import default_out, make_driver
+    from cachebake.progress import PackProgress, RoundProgress
+    from cachebake.render import render_build
     from cachebake.roles import DEFAULT_ROOT
 
+    out_ = output(as_json)
     drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
-    report, packed = run_build(drv, out=out, root=root or DEFAULT_ROOT, target=target,
-                               max_rounds=max_rounds, until_stable=until_stable,
-                               allow_invalidating=allow_env, work_dir=work_dir,
-                               progress=RoundProgress(verb="bake"), layer_root=layer_root,
-                               prune_ir=prune_ir, seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune)
-    if as_json:
-        _emit_json({"bake": report.to_dict(), "pack": packed.to_dict()})
-        return
-    t = report.total
-    state = "stable" if report.stable else "NOT stable"
-    click.echo(f"baked {out}: {len(report.rounds)} rounds ({state}), {t.compiles} compiles "
-               f"({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
-               f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
+    with PackProgress() as bar:
+        report = run_build(drv, out=out or default_out(model), root=root or DEFAULT_ROOT,
+                           target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                           until_stable=until_stable, reuse_root=reuse_root,
+                           allow_invalidating=allow_env, work_dir=work_dir,
+                           progress=RoundProgress(verb="bake"), warn=out_.warn,
+                           layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
+                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune)
+    out_.emit(report, render=render_build)
 
 
 @main.command()
 @click.argument("source", type=click.Path(), metavar="ART|RECORD")
-@click.option("--target", required=True, help="GPU target to compile for, e.g. sm_90, sm_120.")
+@click.option("--target", type=GPU_TARGET, required=True, help="GPU target to compile for, e.g. sm_90, sm_120.")
 @click.option("--out", required=True, type=click.Path(), help="Artifact directory to write (or add this target to).")
-@click.option("--jobs", type=int, default=None, help="Compile processes (default: all cores).")
+@click.option("--jobs", type=POSITIVE_INT, default=None, help="Compile processes (default: all cores).")
 @click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
-@click.option("--layer-root", help="Serving root for group files (default: the source bake's).")
+@click.option("--layer-root", type=ABSOLUTE_PATH, help="Serving root for group files (default: the source bake's).")
 @click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@JSON_OPTION
 def replay(source, target, out, jobs, partial, layer_root, gpu_name, as_json):
     """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it."""
     from cachebake.replay.engine import replay as run_replay, stderr_progress
@@ -213,61 +225,54 @@ def replay(source, target, out, jobs, partial, layer_root, gpu_name, as_json):
 @click.option("--cache", required=True, type=click.Path(),
               help="An installed cache root (the --to DIR of install).")
 @click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
-@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]))
-@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the recipe's).")
-@click.option("--serve-args", "serve_args", default=None, help="As for build: the bake's serving arguments.")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]), help=_DRIVER_HELP)
+@click.option("--tp", type=POSITIVE_INT, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", type=SERVE_ARGS, default=None,
+              help="As for build: the bake's serving arguments.")
 @click.option("--model-dir", "model_dir", type=click.Path(), default=None, help="As for build.")
-@click.option("--work-dir", type=click.Path(), help="Where the round log and events go.")
-@click.option("--json", "as_json", is_flag=True, help="Print the verify report as JSON.")
+@click.option("--work-dir", type=click.Path(file_okay=False),
+              help="Keep the round log and events here (default: a temp dir, removed at the end).")
+@JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, cmd):
     """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
     from cachebake.drivers.command import make_driver
     from cachebake.progress import RoundProgress
+    from cachebake.render import render_verify
     from cachebake.verify import verify as run_verify
 
     drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
     report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
+    out = output(as_json)
     for line in report.warnings():
-        click.echo(f"cachebake: warning: {line}", err=True)
-    if as_json:
-        output(as_json).emit(report)
-    else:
-        for line in report.lines():
-            click.echo(line)
-        if report.ok:
-            s = report.round.summary
-            click.echo(f"verified {report.cache}: 0 compiles, {s.cache_hits} cache hits")
+        out.warn(line)
+    out.emit(report, render=render_verify)
     report.check()
 
 
 @main.command("recipes")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@JSON_OPTION
 def recipes_cmd(as_json):
     """List the model recipes: variants, architecture, Mamba shapes, default serve args."""
     from cachebake.recipes import list_recipes
+    from cachebake.render import render_recipes
+    from cachebake.reports import RecipesReport
 
-    recipes = list_recipes()
-    if as_json:
-        _emit_json([{"recipe": r.ref, "model_id": r.model_id, "architecture": r.architecture,
-                     "mamba": r.mamba_shapes(), "serve_args": r.serve_args,
-                     "source_url": r.source_url, "notes": r.notes} for r in recipes])
-        return
-    from cachebake.recipes.render import render_recipes
-
-    render_recipes(recipes)
+    output(as_json).emit(RecipesReport(list_recipes()), render=render_recipes)
 
 
 @main.command("serve-args")
 @click.argument("artifact", type=click.Path())
-@click.option("--target", help="GPU target whose bake to read (default: the only/first one).")
-@click.option("--root", help="Where the artifact is installed (install --to DIR); default: the bake root.")
-@click.option("--overlay", type=click.Path(), default=None,
+@click.option("--target", type=GPU_TARGET, help="GPU target whose bake to read (default: the only one).")
+@click.option("--root", type=ABSOLUTE_PATH,
+              help="Where the artifact is installed (install --to DIR); default: the bake root.")
+@click.option("--overlay", type=ABSOLUTE_PATH, default=None,
               help="Writable dir for kernels the bake lacks (as for install --overlay).")
-@click.option("--json", "as_json", is_flag=True, help="Print the command and environment as JSON.")
+@JSON_OPTION
 def serve_args_cmd(artifact, target, root, overlay, as_json):
     """Print the `vllm serve` command and environment that match ARTIFACT's bake."""
-    from cachebake.drivers.vllm_args import read_manifest, serve_command
+    from cachebake.render import render_serve_command
+    from cachebake.serving import read_manifest, serve_command
 
     manifest = read_manifest(artifact, target)
     cmd = serve_command(manifest, root=root)
@@ -277,73 +282,91 @@ def serve_args_cmd(artifact, target, root, overlay, as_json):
         baked = cmd.env.get("TRITON_CACHE_DIR")  # <root>/triton
         cmd.env.update(serving_overlay_env(overlay, os.path.dirname(baked) if baked else None,
                                            manifest.get("roles") or ["triton"]))
-    if as_json:
-        _emit_json(cmd.to_dict())
-    else:
-        click.echo(cmd.shell())
+    output(as_json).emit(cmd, render=render_serve_command)
 
 
 @main.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False),
               help="Directory to install into (created if missing; usually a volume).")
-@click.option("--target", help="GPU target, e.g. sm_90 (default: the serving GPU's).")
+@click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the serving GPU's).")
 @click.option("--fingerprint", "fingerprint_file", type=click.Path(dir_okay=False),
               help="The serving environment's fingerprint (`cachebake fingerprint --out`), "
                    "checked instead of this process's.")
-@click.option("--serve-at", help="Path the server sees DIR at, if the volume is mounted elsewhere there.")
+@click.option("--serve-at", type=ABSOLUTE_PATH,
+              help="Absolute path the server sees DIR at, if the volume is mounted elsewhere there.")
 @click.option("--allow-mismatch", is_flag=True, help="Install despite preflight differences (warns).")
-@click.option("--lock-timeout", default=600.0, show_default=True, type=float,
+@click.option("--lock-timeout", default=600.0, show_default=True, type=NON_NEGATIVE_SECONDS,
               help="Seconds to wait for another install into DIR before giving up (exit 11).")
-@click.option("--overlay", type=click.Path(), default=None,
+@click.option("--overlay", type=ABSOLUTE_PATH, default=None,
               help="Writable dir in the server (emptyDir, /tmp) for kernels the bake lacks: the env "
                    "turns on the layered cache manager and the miss log there.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
             as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent."""
     from cachebake.install import install_artifact
+    from cachebake.render import render_install
 
+    out = output(as_json)
     report = install_artifact(artifact, to, target=target, fingerprint_file=fingerprint_file,
                               allow_mismatch=allow_mismatch, serve_at=serve_at,
                               lock_timeout=lock_timeout, overlay=overlay)
     for line in report.mismatches:
-        click.echo(f"cachebake: warning: {line} (installed anyway: --allow-mismatch)", err=True)
+        out.warn(f"{line} (installed anyway: --allow-mismatch)")
     for line in report.warnings:
-        click.echo(f"cachebake: warning: {line}", err=True)
-    if as_json:
-        _emit_json(report.to_dict())
-        return
-    if report.status == "already installed":
-        click.echo(f"already installed: {report.layer_digest[:19]} ({report.target}) in {report.to}")
-    else:
-        click.echo(f"{report.status}: {report.layer_digest[:19]} ({report.target}) in {report.to}: "
-                   f"{report.files} files, {report.file_bytes / 1e6:.1f} MB, "
-                   f"{report.groups_relocated} group files and {report.relocated.get('vllm', 0)} "
-                   f"vllm cache files relocated, {report.seconds:.2f} s")
-    for k, v in report.env.items():
-        click.echo(f"{k}={v}")
+        out.warn(line)
+    out.emit(report, render=render_install)
 
 
 @main.command()
-@click.option("--target", help="GPU target, e.g. sm_90 (default: the visible GPU).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
-def fingerprint(target, out):
-    """Print this environment's fingerprint; run it in the serving image at build time and
-    give the file to `cachebake install --fingerprint` (an init container is not the server)."""
+@click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Also write the fingerprint document (as --json prints it) to this file.")
+@click.option("--gpu-from-torch", is_flag=True,
+              help="When nvidia-smi and NVML find no GPU, ask torch (through Triton's driver); "
+                   "imports torch, seconds.")
+@JSON_OPTION
+def fingerprint(target, out, gpu_from_torch, as_json):
+    """Show this environment's fingerprint; write it (--out) in the serving image at build time
+    and give the file to `cachebake install --fingerprint` (an init container is not the server)."""
     from cachebake.artifact.fingerprint import current_fingerprint
+    from cachebake.render import render_fingerprint
+    from cachebake.reports import FingerprintReport
 
-    text = json.dumps(current_fingerprint(target).to_dict(), indent=2, sort_keys=True) + "\n"
-    if out is None:
-        sys.stdout.write(text)
-    else:
-        with open(out, "w") as f:
-            f.write(text)
+    report = FingerprintReport(current_fingerprint(target, allow_torch=gpu_from_torch))
+    if out is not None:
+        report.out = os.path.abspath(out)
+        _write_document(report.out, envelope("fingerprint", True, report.to_dict()))
+    output(as_json).emit(report, render=render_fingerprint)
+
+
+def _write_document(path: str, doc: dict) -> None:
+    """Write a JSON document whole or not at all, naming ``path`` (never a temp name) on error."""
+    import json
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
+    except OSError as e:
+        raise from_os_error(e, path, "cannot write") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o644)  # read by the serving image's user, whatever the umask
+        os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise from_os_error(e, path, "cannot write") from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 @main.command("misses")
 @click.argument("logs", nargs=-1, required=True, metavar="LOG|DIR...")
-@click.option("--json", "as_json", is_flag=True, help="Print the merged misses as JSON.")
+@JSON_OPTION
 def misses_cmd(logs, as_json):
     """Merge serve-time miss logs (install --overlay) from many replicas: misses per kernel and
     specialization, replicas, first and last seen, count."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 
 
 class ExitCode(enum.IntEnum):
@@ -77,6 +78,12 @@ class CachebakeError(Exception):
         if extra:
             d["details"] = extra
         return d
+
+
+class UsageError(CachebakeError):
+    """A malformed command line (click's own refusals are turned into this at the boundary)."""
+
+    code = ExitCode.USAGE
 
 
 class BadInput(CachebakeError):
@@ -154,3 +161,24 @@ def from_os_error(e: OSError, path: os.PathLike | str | None = None, what: str =
     reason = e.strerror or str(e)
     text = f"{where}: {what + ': ' if what else ''}{reason}" if where else f"{what}: {reason}"
     return error_class(text)
+
+
+# Where crash logs go: $CACHEBAKE_LOG_DIR, else the temp dir.
+LOG_DIR_ENV = "CACHEBAKE_LOG_DIR"
+
+
+def write_crash_log(exc: BaseException, command: str | None = None) -> str | None:
+    """Write ``exc``'s traceback to a fresh ``cachebake-crash-*.log``; its path, or None if
+    nothing could be written.  The one place a traceback goes: never the terminal."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="cachebake-crash-", suffix=".log",
+                                    dir=os.environ.get(LOG_DIR_ENV) or None)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{command if command is not None else 'cachebake ' + ' '.join(sys.argv[1:])}\n")
+            f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return path
+    except OSError:
+        return None

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 ENVELOPE_VERSION = 1
+ENVELOPE_KEYS = ("cachebake", "command", "ok")
 
 
 class Report(Protocol):
@@ -27,6 +28,9 @@ class Report(Protocol):
 
 
 def envelope(command: str, ok: bool, body: dict[str, Any]) -> dict[str, Any]:
+    clash = set(body) & set(ENVELOPE_KEYS)
+    if clash:  # a report field would overwrite the envelope's: a bug in that report
+        raise ValueError(f"report fields {sorted(clash)} collide with the JSON envelope")
     return {"cachebake": ENVELOPE_VERSION, "command": command, "ok": ok, **body}
 
 
@@ -46,7 +50,7 @@ class Output:
         if self._stdout is None:
             from rich.console import Console
 
-            self._stdout = Console(highlight=False, soft_wrap=False)
+            self._stdout = Console(highlight=False, soft_wrap=True)
         return self._stdout
 
     @property
@@ -57,16 +61,23 @@ class Output:
             self._stderr = Console(stderr=True, highlight=False, soft_wrap=True)
         return self._stderr
 
-    def emit(self, report: Report, ok: bool | None = None) -> None:
+    def emit(self, report: Report, ok: bool | None = None,
+             render: Callable[[Any, Any], None] | None = None) -> None:
+        """Print ``report``: its JSON envelope under ``--json``; else ``render(report,
+        console)`` when given (text views live in cachebake.render, so report dataclasses
+        from lower modules need not know about rich), else ``report.render(console)``."""
         if ok is None:
             ok = bool(getattr(report, "ok", True))
-        self.emitted = True
         if self.as_json:
-            self.print_json(envelope(self.command, ok, report.to_dict()))
+            doc = envelope(self.command, ok, report.to_dict())
+            self.emitted = True
+            self.print_json(doc)
             return
-        render = getattr(report, "render", None)
+        self.emitted = True
         if render is not None:
-            render(self.console)
+            render(report, self.console)
+        elif getattr(report, "render", None) is not None:
+            report.render(self.console)
         else:  # a report without a text form: its dict, readably
             self.print_json(report.to_dict())
 

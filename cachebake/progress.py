@@ -1,8 +1,9 @@
-"""Live progress of build and verify rounds on stderr (rich).
+"""Live progress on stderr (rich): build and verify rounds, and pack's bytes.
 
 A cold vLLM warmup compiles for minutes; the operator should see which round is running, how
 many kernels compiled or hit so far, and the last kernel, rather than a silent terminal.  On a
-non-terminal stderr (CI logs) only the one-line round summaries are printed.
+non-terminal stderr (CI logs) only the one-line round summaries are printed.  Packing a large
+cache takes seconds to minutes (zstd -19): a bar on a terminal, nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -75,3 +76,37 @@ class RoundProgress:
                 f"{c['cache_hit']} hits, {c['autotune']} autotunes, "
                 f"{time.monotonic() - self.started:.0f} s")
         return text + (f" -- {self.last[:80]}" if self.last else "")
+
+
+class PackProgress:
+    """A byte bar for ``pack_artifact(progress=...)`` on a terminal; ``factory`` is None
+    elsewhere (a pipe, a log, TERM=dumb), so nothing is drawn there.  Use as a context manager: the bar is
+    removed whatever happens."""
+
+    def __init__(self, console: Console | None = None, label: str = "packing"):
+        self.console = console or Console(stderr=True)
+        self.label = label
+        self._bar = None
+
+    @property
+    def factory(self):
+        live = self.console.is_terminal and not self.console.is_dumb_terminal
+        return self._start if live else None
+
+    def _start(self, files: int, total_bytes: int):
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn(f"{self.label} {files} files"), BarColumn(),
+                             DownloadColumn(), TimeElapsedColumn(), console=self.console,
+                             transient=True)
+        self._bar.start()
+        task = self._bar.add_task(self.label, total=max(total_bytes, 1))
+        return lambda n: self._bar.advance(task, n)
+
+    def __enter__(self) -> PackProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

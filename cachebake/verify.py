@@ -11,16 +11,16 @@ one and fails with ``CompilesSeen``.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake.build import RoundReport, no_activity_message, run_round, work_events
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
-from cachebake.errors import BadInput, CommandFailed, CompilesSeen
+from cachebake.errors import BadInput, CompilesSeen, Interrupted
 from cachebake.install.atomic import InstallDir
-from cachebake.progress import RoundProgress
+from cachebake.rounds import Driver, RoundProgress, RoundReport, check_round, run_round, work_events
 from cachebake.runtime import READS_ENV, overlay_env
 
 
@@ -48,7 +48,7 @@ class VerifyReport:
                 f"{', step ' + e.step if e.step else ''})" for e in self.work]
 
     def to_dict(self) -> dict:
-        return {"cache": self.cache, "roles": self.roles, "ok": self.ok,
+        return {"cache": self.cache, "roles": self.roles,
                 "invalidating_env_vars": self.invalidating, "left_out": self.left_out,
                 **self.round.to_dict(),
                 "work": [{k: v for k, v in vars(e).items() if v not in (None, {}, [])}
@@ -75,40 +75,45 @@ def installed_roles(cache: os.PathLike | str) -> list[str]:
     return found
 
 
-def verify(driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | None = None,
+def verify(driver: Driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | None = None,
            progress: RoundProgress | None = None) -> VerifyReport:
-    """Run one round of ``driver`` against ``cache``.  Raises CommandFailed if the round
-    fails; returns the report either way otherwise (``.check()`` raises on work seen)."""
+    """Run one round of ``driver`` against ``cache``.  Every check (the cache, the driver's
+    requirements) runs before the round.  Raises CommandFailed if the round fails; returns
+    the report otherwise (``.check()`` raises on work seen).  A temp work dir (no
+    ``work_dir``) is removed before returning."""
     cache = os.path.abspath(os.fspath(cache))
     if not os.path.isdir(cache):
         raise BadInput(f"{cache}: no such directory")
     roles = installed_roles(cache)
+    driver.preflight()
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-verify-"))
-    work.mkdir(parents=True, exist_ok=True)
-    events_path = work / "events.jsonl"
-    open(events_path, "wb").close()
-    # allow_invalidating: verify reports what is set; the build's warning already covered it
-    benv = bake_env(cache, roles, monitor_log=events_path, allow_invalidating=True)
-    env = dict(benv.env)
-    if "triton" in roles:
-        # Never write into the cache being checked: Triton's misses go to a scratch overlay
-        # (the layered cache manager), so a read-only installed cache gets a verdict (exit 8
-        # and the list), not a PermissionError, and a writable one is left as installed.
-        # Reads stay Triton's own (READS_ENV), so the verdict is what a server gets.
-        env.update(overlay_env(work / "overlay"))
-        env[READS_ENV] = "triton"
-    if progress is not None:
-        progress.start_round(1, 1)
-    rnd = run_round(driver, env, str(events_path), 1, str(work), progress)
-    if progress is not None:
-        progress.end_round(rnd)
-        if rnd.exit_code != 0:
-            progress.show_tail(rnd.log)
-    if rnd.exit_code != 0:
-        raise CommandFailed(f"verify: {driver.label()} exited with code {rnd.exit_code} "
-                            f"(output: {rnd.log})")
-    if rnd.summary.seen == 0:
-        raise CommandFailed(no_activity_message(1, rnd.log))
-    marker = InstallDir(cache).installed() or {}
-    return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
-                        invalidating=benv.invalidating, left_out=dict(marker.get("left_out") or {}))
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        events_path = work / "events.jsonl"
+        open(events_path, "wb").close()
+        # allow_invalidating: verify reports what is set; the build's warning already covered it
+        benv = bake_env(cache, roles, monitor_log=events_path, allow_invalidating=True)
+        env = dict(benv.env)
+        if "triton" in roles:
+            # Never write into the cache being checked: Triton's misses go to a scratch overlay
+            # (the layered cache manager), so a read-only installed cache gets a verdict (exit 8
+            # and the list), not a PermissionError, and a writable one is left as installed.
+            # Reads stay Triton's own (READS_ENV), so the verdict is what a server gets.
+            env.update(overlay_env(work / "overlay"))
+            env[READS_ENV] = "triton"
+        if progress is not None:
+            progress.start_round(1, 1)
+        try:
+            rnd = run_round(driver, env, events_path, 1, work, progress)
+        except KeyboardInterrupt:
+            raise Interrupted("the verify round was stopped; nothing was changed") from None
+        if progress is not None:
+            progress.end_round(rnd)
+        check_round(rnd, driver, progress, keep_logs=work_dir is not None, what="verify round")
+        marker = InstallDir(cache).installed() or {}
+        return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
+                            invalidating=benv.invalidating,
+                            left_out=dict(marker.get("left_out") or {}))
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)

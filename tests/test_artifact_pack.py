@@ -187,7 +187,9 @@ def test_bad_input_one_line_exit_3_nothing_written(case, triton_cache, tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
     snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.is_dir() else None
     result = CliRunner().invoke(main, ["pack", root, "--out", str(out), "--target", "sm_90"])
-    assert result.exit_code == ExitCode.BAD_INPUT, result.output
+    # a value of the wrong form (an unknown role) is a usage error, caught while parsing
+    code = ExitCode.USAGE if case == "bad_role" else ExitCode.BAD_INPUT
+    assert result.exit_code == code, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("cachebake: error: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp dir left behind
@@ -219,12 +221,13 @@ def test_failed_pack_leaves_an_existing_artifact_untouched(triton_cache, tmp_pat
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     from cachebake.artifact import layer
 
-    def boom(self, snap):
-        raise OSError("disk full")
+    def boom(self, snap, progress=None):
+        raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(layer.LayerWriter, "write", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(BadInput, match=f"{out}: cannot write the artifact: No space left") as exc:
         _pack(triton_cache, out, target="sm_90")
+    assert ".tmp-" not in str(exc.value)  # the user's path, never our temp dir
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["art", "cache"])
 
@@ -254,3 +257,69 @@ def test_a_group_file_naming_a_child_outside_its_key_dir_is_refused(triton_cache
     with pytest.raises(BadInput, match="not a plain file name"):
         _pack(triton_cache, tmp_path / "art")
     assert not (tmp_path / "art").exists()
+
+
+def test_the_target_is_the_caches_own(triton_cache, tmp_path, monkeypatch):
+    """Kernels record the target they were compiled for: --target must agree, and without it
+    (and without a GPU) that is the target."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: no visible GPU
+    with pytest.raises(BadInput, match=r"--target gfx942 \(hip:gfx942\) does not match the cache: "
+                                       r"its kernels were compiled for cuda:90"):
+        _pack(triton_cache, tmp_path / "a", target="gfx942")
+    with pytest.raises(BadInput, match="does not match"):
+        _pack(triton_cache, tmp_path / "a", target="sm_120")
+    assert not (tmp_path / "a").exists()
+    assert _pack(triton_cache, tmp_path / "a", target=None).target == "cuda:90"
+    with pytest.raises(BadInput, match="unknown GPU target 'sm_999'"):
+        _pack(triton_cache, tmp_path / "b", target="sm_999")
+
+
+def test_a_cache_mixing_targets_is_refused(triton_cache, tmp_path):
+    aot.compile_in_subprocess(triton_cache, specs=aot.SPECS[:1], target=("cuda", 120, 32))
+    with pytest.raises(BadInput, match="holds kernels for cuda:120, cuda:90"):
+        _pack(triton_cache, tmp_path / "a")
+
+
+def test_cli_says_created_added_replaced(triton_cache, tmp_path):
+    sm120 = tmp_path / "sm120" / "triton"
+    aot.compile_in_subprocess(sm120, specs=aot.SPECS[:1], target=("cuda", 120, 32))
+    out = tmp_path / "art"
+    runner = CliRunner()
+
+    def pack(cache, target, *extra):
+        r = runner.invoke(main, ["pack", str(cache), "--out", str(out), "--target", target, *extra])
+        assert r.exit_code == 0, r.output
+        return r
+
+    assert pack(triton_cache, "sm_90").stdout.startswith(f"packed the cuda:90 bake in {out}")
+    assert pack(sm120, "sm_120").stdout.startswith(f"added the cuda:120 bake in {out}")
+    first = open_artifact(out).select("sm_90").manifest_digest
+    (next(triton_cache.rglob("*.ttir"))).write_text("changed")  # another bake of the same target
+    again = json.loads(pack(triton_cache, "sm_90", "--json").stdout)
+    assert again["status"] == "replaced" and again["replaced_manifest_digest"] == first
+    assert again["targets"] == ["cuda:120", "cuda:90"] and again["manifest_digest"] != first
+    assert again["layer_digest"] == again["manifest"]["layer"]["digest"]
+    text = pack(triton_cache, "sm_90").stdout
+    assert text.startswith(f"replaced the cuda:90 bake in {out}")
+    assert f"replaced image {again['manifest_digest']}" in text
+
+
+def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from cachebake.progress import PackProgress
+
+    assert PackProgress(Console(file=io.StringIO(), force_terminal=False)).factory is None
+    monkeypatch.setenv("TERM", "dumb")
+    assert PackProgress(Console(file=io.StringIO(), force_terminal=True)).factory is None
+    monkeypatch.setenv("TERM", "xterm-256color")
+    term = io.StringIO()
+    with PackProgress(Console(file=term, force_terminal=True, width=100)) as bar:
+        report = _pack(triton_cache, tmp_path / "art", progress=bar.factory)
+    assert f"packing {report.manifest.layer.files} files" in term.getvalue()
+    # the CLI under a pipe (CliRunner): nothing but the report
+    r = CliRunner().invoke(main, ["pack", str(triton_cache), "--out", str(tmp_path / "b"),
+                                  "--target", "sm_90"])
+    assert r.exit_code == 0 and r.stderr == ""

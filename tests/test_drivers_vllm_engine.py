@@ -266,7 +266,7 @@ def test_serve_command_from_the_builds_driver_record():
 def test_cli_recipes():
     runner = CliRunner()
     res = runner.invoke(main, ["recipes", "--json"])
-    rows = json.loads(res.output)
+    rows = json.loads(res.output)["recipes"]
     assert {row["recipe"] for row in rows} >= {"nemotron-h:8b", "mamba2:codestral-7b", "zamba2:7b"}
     res = runner.invoke(main, ["recipes"])
     assert res.exit_code == 0 and "NemotronHForCausalLM" in res.output

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 
 from installkit import baked, cli, compile_kernels  # noqa: F401  (baked is a fixture)
 
@@ -76,11 +77,11 @@ def test_cachebake_verify_passes_after_install_and_fails_after_a_plain_copy(bake
 
     to = tmp_path / "served"
     cli("install", baked["artifact"], "--to", to, "--target", "sm_90", check=True)
-    r = cli("verify", "--cache", to, "--", "python3", KERNELS)
+    r = cli("verify", "--cache", to, "--", sys.executable, KERNELS)
     assert r.returncode == 0 and "0 compiles, 3 cache hits" in r.stdout, r.stdout + r.stderr
 
     plain = tmp_path / "plain"
     plain.mkdir()
     subprocess.run(f"zstd -dc {layer_blob(baked['artifact'])} | tar -x -C {plain}", shell=True, check=True)
-    r = cli("verify", "--cache", plain, "--", "python3", KERNELS)
+    r = cli("verify", "--cache", plain, "--", sys.executable, KERNELS)
     assert r.returncode == ExitCode.COMPILES_SEEN and "3 real compiles" in r.stderr, r.stderr

@@ -278,7 +278,7 @@ def test_progress_prints_round_summaries_off_a_terminal(tmp_path):
 
     from rich.console import Console
 
-    from cachebake.build import RoundReport
+    from cachebake.rounds import RoundReport
     from cachebake.capture.events import Event
     from cachebake.progress import RoundProgress
 
@@ -304,3 +304,37 @@ def test_step_set_through_the_environment_is_seen(log, tmp_path, monkeypatch):
     aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 16})
     assert [e.step for e in read_events(log)] == ["decode bs=17", "inner", "outer", None]
     assert "CACHEBAKE_STEP" not in os.environ
+
+
+def test_a_program_assigning_its_own_listener_is_chained_not_obeyed(log, tmp_path):
+    """Programs watch compiles by assigning triton.knobs.compilation.listener; the monitor
+    must keep seeing compiles and hits, and the program's listener must still be called."""
+    seen = []
+
+    def theirs(*, src, metadata, metadata_group, times, cache_hit):
+        seen.append(cache_hit)
+
+    aot.aot_compile(tmp_path / "warm", aot.scale_kernel)  # installs the taps
+    triton.knobs.compilation.listener = theirs
+    try:
+        aot.aot_compile(tmp_path / "cache")
+        aot.aot_compile(tmp_path / "cache")
+        # ... and a listener that calls "the previous one" (the monitor) back runs us once
+        previous = triton.knobs.compilation.listener
+
+        def wrapping(**kw):
+            seen.append("wrapped")
+            previous(**kw)
+
+        triton.knobs.compilation.listener = wrapping
+        aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 64})
+        with triton.knobs.compilation.scope():  # Triton's own save/restore keeps the chain
+            triton.knobs.compilation.listener = None
+            aot.aot_compile(tmp_path / "cache", constexprs={"BLOCK": 32})
+        assert triton.knobs.compilation.__dict__.get(monitor._CHAINED) is wrapping
+    finally:
+        triton.knobs.compilation.listener = None
+    kinds = [e.kind for e in read_events(log)]
+    assert kinds == ["compile", "compile", "cache_hit", "compile", "compile"]
+    assert seen == [False, True, "wrapped"]
+    assert triton.knobs.compilation.knob_descriptors  # Triton still sees its env knobs

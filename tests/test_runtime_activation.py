@@ -51,11 +51,13 @@ def test_install_overlay_refusals(installed, tmp_path):
     art = tmp_path / "art"
     pack_artifact([CacheRoot("triton", installed)], art, target="sm_90")
     runner = CliRunner()
-    for overlay, message in (("relative/dir", "must be an absolute path"),
-                             (str(tmp_path / "srv" / "overlay"), "inside the installed tree")):
+    # a malformed value is a usage error (2, refused by the option's type), a well-formed one
+    # that cannot work is bad input (3)
+    for overlay, message, code in (("relative/dir", "is not an absolute path", 2),
+                                   (str(tmp_path / "srv" / "overlay"), "inside the installed tree", 3)):
         res = runner.invoke(main, ["install", str(art), "--to", str(tmp_path / "srv"),
                                    "--target", "sm_90", "--overlay", overlay])
-        assert res.exit_code == 3 and message in res.output, res.output
+        assert res.exit_code == code and message in res.output, res.output
         assert not (tmp_path / "srv").exists()  # refused before anything was written
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cachebake.build import run_until_stable
 from cachebake.capture.env import bake_env
 from cachebake.cli import main
 from cachebake.drivers.command import CommandDriver
 from cachebake.errors import BadInput, CommandFailed, CompilesSeen, ExitCode
+from cachebake.rounds import run_rounds
 from cachebake.verify import verify
 
 TESTS = Path(__file__).resolve().parent
@@ -36,7 +36,7 @@ def baked(tmp_path):
     """A cache root filled by a build with BLOCK 64 and 128."""
     root = tmp_path / "root"
     benv = bake_env(root, ("triton",), monitor_log=tmp_path / "bake/events.jsonl")
-    assert run_until_stable(CommandDriver(warmup(tmp_path, 64, 128)), benv).stable
+    assert run_rounds(CommandDriver(warmup(tmp_path, 64, 128)), benv).stable
     return root
 
 
@@ -69,7 +69,11 @@ def test_failing_round(tmp_path, baked):
         verify(CommandDriver([sys.executable, "-c", "raise SystemExit(1)"]), baked)
 
 
-def test_cli_verify(tmp_path, baked):
+def test_cli_verify(tmp_path, baked, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "systmp"))
+    (tmp_path / "systmp").mkdir()
     runner = CliRunner()
     ok = runner.invoke(main, ["verify", "--cache", str(baked), "--", *warmup(tmp_path, 128)])
     assert ok.exit_code == 0, ok.output
@@ -82,4 +86,29 @@ def test_cli_verify(tmp_path, baked):
     as_json = runner.invoke(main, ["verify", "--json", "--cache", str(baked), "--",
                                    *warmup(tmp_path, 16)])
     assert as_json.exit_code == 8
-    assert json.loads(as_json.stdout)["compiles"] == 1
+    doc = json.loads(as_json.stdout)  # one document: the report, ok false; the error on stderr
+    assert (doc["command"], doc["ok"], doc["compiles"]) == ("verify", False, 1)
+    assert "cachebake: error: the cache at" in as_json.stderr
+    assert list((tmp_path / "systmp").iterdir()) == []  # no work dir left behind
+
+
+LISTENING = WARMUP + """
+import triton
+heard = []
+triton.knobs.compilation.listener = lambda **kw: heard.append(kw["cache_hit"])
+for block in sys.argv[1:]:
+    aot.aot_compile(None, constexprs={"BLOCK": int(block) * 2})
+print("heard", heard)
+"""
+
+
+def test_a_command_that_assigns_its_own_compilation_listener_is_still_watched(tmp_path, baked):
+    """Programs assign triton.knobs.compilation.listener to watch compiles: the monitor is
+    chained, not replaced, so verify still sees every hit (and the program its events)."""
+    script = tmp_path / "listening.py"
+    script.write_text(LISTENING)
+    r = CliRunner().invoke(main, ["verify", "--cache", str(baked), "--work-dir", str(tmp_path / "w"),
+                                  "--", sys.executable, str(script), "64"])
+    assert r.exit_code == 0, r.output
+    assert "0 compiles, 2 cache hits" in r.stdout
+    assert "heard [True]" in (tmp_path / "w" / "round-1.log").read_text()

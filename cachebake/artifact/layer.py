@@ -23,6 +23,7 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -96,7 +97,8 @@ class LayerWriter:
         self.out = out
         self.level = level
 
-    def write(self, snap: Snapshot) -> LayerStats:
+    def write(self, snap: Snapshot, progress: Callable[[int], None] | None = None) -> LayerStats:
+        """``progress(n)`` is called after each file with its size in bytes."""
         blob = _HashingWriter(self.out)
         zw = zstd_compressor(self.level).stream_writer(blob, closefd=False)
         tar_stream = _HashingWriter(zw)
@@ -116,6 +118,8 @@ class LayerWriter:
                 if len(data) != f.size:
                     raise OSError(f"{f.source}: changed while packing ({f.size} -> {len(data)} bytes)")
                 tar.addfile(_tarinfo(name, size=len(data), mode=f.mode), io.BytesIO(data))
+                if progress is not None:
+                    progress(len(data))
         zw.flush(zstandard.FLUSH_FRAME)
         zw.close()
         return LayerStats(

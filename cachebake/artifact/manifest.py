@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from cachebake.artifact.groups import GROUP_PREFIX
 from cachebake.artifact.snapshot import BINARY_SUFFIXES, Snapshot
 from cachebake.errors import CorruptArtifact, Unsupported
 
@@ -148,7 +149,7 @@ def build_inventory(snap: Snapshot) -> Inventory:
                     best = min(timings, key=lambda ct: _first(ct[1]))[0]
                 inv.autotune.append(AutotuneEntry(name[: -len(".autotune.json")], key_dir,
                                                   meta.get("key") or [], len(timings), best))
-            elif role == "triton" and name.endswith(".json") and f"__grp__{name}" in names:
+            elif role == "triton" and name.endswith(".json") and GROUP_PREFIX + name in names:
                 meta = _load_json(f.read()) or {}
                 if not any(name[:-5] + s in names for s in BINARY_SUFFIXES):
                     continue  # snapshot drops these; kept here only for safety

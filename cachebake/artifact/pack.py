@@ -2,8 +2,12 @@
 
 The artifact is built in a temporary sibling of ``--out`` and renamed into place at the end, so
 an interrupted or refused pack leaves ``--out`` as it was.  Packing into an existing artifact
-adds (or replaces) this target's image and keeps the others: a build farm packs each GPU target
-on its own builder into one artifact.
+adds (or replaces, and says so) this target's image and keeps the others: a build farm packs
+each GPU target on its own builder into one artifact.
+
+The GPU target is what the cache holds: every kernel's metadata names the target it was
+compiled for, so ``--target`` must agree with it, and without ``--target`` it is taken from
+there (or from the visible GPU for a cache without kernels).
 """
 
 from __future__ import annotations
@@ -12,68 +16,131 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cachebake.artifact import oci
-from cachebake.artifact.fingerprint import current_fingerprint
+from cachebake.artifact.fingerprint import GPUTargetSpec, current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LAYER_MEDIA_TYPE, LayerWriter
-from cachebake.artifact.manifest import BakeManifest, LayerFacts, build_inventory
+from cachebake.artifact.manifest import BakeManifest, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
-from cachebake.errors import BadInput, CachebakeError
+from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 
-__all__ = ["CacheRoot", "parse_root", "pack_artifact", "PackReport"]
+__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport"]
 
 
 @dataclass
 class PackReport:
+    status: str  # "created" (a new artifact), "added" (a target to one), "replaced"
     out: Path
     target: str
     manifest: BakeManifest
     manifest_digest: str
     targets: list[str]
+    replaced_manifest_digest: str | None = None  # the image this pack replaced
+
+    @property
+    def layer_digest(self) -> str:
+        return self.manifest.layer.digest
 
     def to_dict(self) -> dict:
-        return {"out": str(self.out), "target": self.target, "targets": self.targets,
-                "manifest_digest": self.manifest_digest, "manifest": self.manifest.to_dict()}
+        d = {"status": self.status, "out": str(self.out), "target": self.target,
+             "targets": self.targets, "manifest_digest": self.manifest_digest,
+             "layer_digest": self.layer_digest, "layer_size": self.manifest.layer.size,
+             "manifest": self.manifest.to_dict()}
+        if self.replaced_manifest_digest:
+            d["replaced_manifest_digest"] = self.replaced_manifest_digest
+        return d
+
+
+def check_writable(path: Path, option: str, shown: Path | None = None) -> None:
+    """Refuse (BadInput, naming ``option`` and ``shown`` or ``path``) unless ``path`` can be
+    created or written in: probed by creating and removing a directory in it or in its
+    nearest existing ancestor."""
+    shown = shown or path
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"{option} {shown}: {parent} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".cachebake-probe-", dir=parent))
+    except OSError as e:
+        raise BadInput(f"{option} {shown}: cannot write in {parent}: {e.strerror or e}") from None
+
+
+def check_out(out: os.PathLike | str) -> Path:
+    """``--out`` as an absolute path, refused (BadInput) unless it is a cachebake artifact, an
+    empty directory or a new path we can create: checked before any work (build runs it
+    before round 1)."""
+    out = Path(os.path.abspath(os.fspath(out)))
+    try:
+        if out.exists() and not (out.is_dir() and (oci.is_artifact(out) or not any(out.iterdir()))):
+            raise BadInput(f"--out {out} exists and is not a cachebake artifact; refusing to overwrite it")
+    except OSError as e:
+        raise from_os_error(e, out, "--out") from None
+    check_writable(out.parent, "--out", shown=out)  # the artifact is renamed into place there
+    return out
+
+
+def _pick_target(target: str | None, inventory: Inventory) -> str | None:
+    """The target the cache's kernels were compiled for, checked against ``--target``; None
+    when the cache holds no kernels and no target was given (the visible GPU's then)."""
+    found = sorted({k.target for k in inventory.kernels
+                    if k.target and not k.target.startswith("None")})
+    if len(found) > 1:
+        raise BadInput(f"the cache holds kernels for {', '.join(found)}: a bake is for one GPU "
+                       "target; pack each target's cache on its own")
+    if target:
+        spec = GPUTargetSpec.parse(target)
+        if found and found[0] != spec.key:
+            raise BadInput(f"--target {target} ({spec.key}) does not match the cache: its kernels "
+                           f"were compiled for {found[0]}")
+        return spec.key
+    return found[0] if found else None
 
 
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
                   bake: dict | None = None, layer_root: str | None = None,
-                  prune_ir: bool = False, record=None, fingerprint_from: dict | None = None) -> PackReport:
-    """``record``: a cachebake.replay.record.CompileRecord to carry as its own blob.
+                  prune_ir: bool = False, record=None, fingerprint_from: dict | None = None,
+                  progress: Callable[[int, int], Callable[[int], None]] | None = None) -> PackReport:
+    """Pack ``roots`` into ``out``.  ``progress(files, total_bytes)`` returns a per-file
+    callback (bytes written); cachebake.progress has one for terminals.
+
+    ``record``: a cachebake.replay.record.CompileRecord to carry as its own blob.
     ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
     when this machine is not it (replay: torch/vllm versions, GPU name of the source bake; a
     fold-back of serve-time misses keeps its base bake's)."""
-    out = Path(out).absolute()
-    try:
-        out.exists()
-    except PermissionError:
-        raise BadInput(f"--out {out}: permission denied") from None
-    if out.exists() and not (out.is_dir() and oci.is_artifact(out)):
-        if not (out.is_dir() and not any(out.iterdir())):
-            raise BadInput(f"--out {out} exists and is not a cachebake artifact; refusing to overwrite it")
-    # Fingerprint first: a target Triton cannot serve fails before any work.
+    out = check_out(out)
     snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
-    fp = current_fingerprint(target, bake_paths=snap.roots)
+    inventory = build_inventory(snap)
+    # Fingerprint before writing: a target Triton cannot serve fails before any work.
+    fp = current_fingerprint(_pick_target(target, inventory), bake_paths=snap.roots)
     for key, value in (fingerprint_from or {}).items():
         setattr(fp, key, value)
-    inventory = build_inventory(snap)
-
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"--out {out}: cannot create its parent: {e.strerror}") from None
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise BadInput(f"--out {out}: {out.parent} is not writable")
+        return _write(out, snap, fp, inventory, bake, record, progress)
+    except KeyboardInterrupt:
+        raise Interrupted(f"nothing written: {out} is as it was") from None
+    except OSError as e:  # name the user's path, never our temp dir's
+        raise from_os_error(e, out, "cannot write the artifact") from None
+
+
+def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
+           progress) -> PackReport:
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         existing: dict[str, dict] = {}
         summaries: dict[str, dict] = {}
+        status, replaced = "created", None
         if oci.is_artifact(out):
             old = oci.open_artifact(out)
+            status = "added"
             for key, desc in old.entries_by_target().items():
                 if key == fp.target:
+                    status, replaced = "replaced", desc.get("digest")
                     continue
                 ref = old.select(key)  # verifies what we carry over
                 _copy_image(out, tmp, desc, ref)
@@ -81,8 +148,9 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
                 summaries[key] = _summary(ref.manifest, desc["digest"])
         blobs = tmp / "blobs" / "sha256"
         blobs.mkdir(parents=True, exist_ok=True)
+        on_file = progress(len(snap.files), snap.data_size) if progress is not None else None
         with tempfile.NamedTemporaryFile(dir=blobs, delete=False, prefix=".layer-") as f:
-            stats = LayerWriter(f).write(snap)
+            stats = LayerWriter(f).write(snap, on_file)
             f.flush()
             os.fsync(f.fileno())
         os.replace(f.name, oci.blob_path(tmp, stats.digest))
@@ -106,11 +174,11 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PackReport(out, fp.target, manifest, desc["digest"], sorted(existing))
+    return PackReport(status, out, fp.target, manifest, desc["digest"], sorted(existing), replaced)
 
 
 def _summary(manifest: BakeManifest, manifest_digest: str) -> dict:
-    return {"image_manifest_digest": manifest_digest, **manifest.to_dict()}
+    return {"manifest_digest": manifest_digest, **manifest.to_dict()}
 
 
 def _copy_image(src: Path, dst: Path, desc: dict, ref) -> None:

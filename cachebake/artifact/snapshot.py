@@ -130,8 +130,8 @@ def _walk_error(err: OSError) -> None:
 def _kernel_metadata_names(keydir: Path, filenames: list[str]) -> list[str]:
     """Stems of the kernel metadata files in a key dir (``<name>.json`` with a group file)."""
     names = set(filenames)
-    return [f[len("__grp__"):-len(".json")] for f in filenames
-            if f.startswith("__grp__") and f.endswith(".json") and f[len("__grp__"):] in names]
+    return [f[len(GROUP_PREFIX):-len(".json")] for f in filenames
+            if f.startswith(GROUP_PREFIX) and f.endswith(".json") and f[len(GROUP_PREFIX):] in names]
 
 
 def snapshot_roots(roots: list[CacheRoot], layer_root: str | None = None, prune_ir: bool = False) -> Snapshot:

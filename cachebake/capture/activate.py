@@ -7,7 +7,9 @@ nothing and imports nothing heavy.
 
 import os as _os
 
-if _os.environ.get("CACHEBAKE_MONITOR_LOG"):
+from cachebake.capture.env import MONITOR_LOG_ENV as _MONITOR_LOG_ENV
+
+if _os.environ.get(_MONITOR_LOG_ENV):
     from cachebake.capture import monitor as _monitor
 
     _monitor.activate()

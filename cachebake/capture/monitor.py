@@ -167,27 +167,70 @@ def _install_hooks() -> None:
                   file=sys.stderr)
 
 
+# Where a program's own listener goes when it assigns ``knobs.compilation.listener``: kept in
+# the knobs instance's __dict__, so Triton's ``scope()``/``copy()`` save and restore it.
+_CHAINED = "_cachebake_chained_listener"
+
+
 def _install_listener() -> None:
+    """Our listener, which no assignment replaces.  Programs watch compiles by assigning
+    ``triton.knobs.compilation.listener`` themselves; a plain attribute would let them
+    silently switch the monitor off.  So the knobs object's class gets a ``listener``
+    property: reading it gives ours (that is what Triton's compiler calls), assigning it
+    stores the program's listener, which ours then calls after recording the event."""
     from triton import knobs
 
     from cachebake.replay.recorder import on_compile as record_compile
 
-    previous = knobs.compilation.listener
-    if getattr(previous, "_cachebake", False):
-        previous = None
+    comp = knobs.compilation
+    if getattr(type(comp), "_cachebake", False):
+        return
+    previous = comp.listener
+    local = threading.local()
 
     def listener(*, src, metadata, metadata_group, times, cache_hit):
+        if getattr(local, "busy", False):
+            return  # a chained listener that calls "the previous one" (us) back: once is enough
+        local.busy = True
         try:
-            emit(_compile_event(src, metadata, metadata_group, times, cache_hit))
-            record_compile(_state.log_path, src, metadata, cache_hit)  # replay's compile record
-        except Exception as e:  # the monitor must never break the program it watches
-            print(f"cachebake monitor: could not record a compile: {e!r}", file=sys.stderr)
-        if previous is not None:
-            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
-                     cache_hit=cache_hit)
+            try:
+                emit(_compile_event(src, metadata, metadata_group, times, cache_hit))
+                record_compile(_state.log_path, src, metadata, cache_hit)  # replay's compile record
+            except Exception as e:  # the monitor must never break the program it watches
+                print(f"cachebake monitor: could not record a compile: {e!r}", file=sys.stderr)
+            chained = knobs.compilation.__dict__.get(_CHAINED)
+            if chained is not None:
+                chained(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                        cache_hit=cache_hit)
+        finally:
+            local.busy = False
 
     listener._cachebake = True
-    knobs.compilation.listener = listener
+
+    class ChainingListener:
+        """Data descriptor: survives ``knobs.compilation.listener = theirs``."""
+
+        def __get__(self, obj, objtype=None):
+            return self if obj is None else listener
+
+        def __set__(self, obj, value):
+            if value is None or getattr(value, "_cachebake", False):
+                obj.__dict__.pop(_CHAINED, None)
+            else:
+                obj.__dict__[_CHAINED] = value
+
+        def __delete__(self, obj):
+            obj.__dict__.pop(_CHAINED, None)
+
+    base = type(comp)
+    # Triton lists a knobs class's env knobs from type(self).__dict__ (base_knobs.
+    # knob_descriptors), so the subclass carries the base's attributes, not just inherits them.
+    namespace = {k: v for k, v in vars(base).items() if k not in ("__dict__", "__weakref__")}
+    namespace.update(listener=ChainingListener(), _cachebake=True)
+    comp.__dict__.pop("listener", None)
+    comp.__class__ = type(f"Monitored{base.__name__}", (base,), namespace)
+    if previous is not None and not getattr(previous, "_cachebake", False):
+        comp.__dict__[_CHAINED] = previous
 
 
 def _install_record() -> None:

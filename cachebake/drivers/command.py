@@ -1,14 +1,20 @@
-"""Drivers as round producers: each knows how to start ONE warmup round as a fresh process.
+"""Drivers as round producers: each knows how to start ONE warmup round as a fresh process,
+what it needs to run, and what it records (``cachebake.rounds.Driver``).
 
 A round runs in its own process so that Triton's in-memory caches start empty: a kernel a
 previous round compiled must come back from the file cache (a ``cache_hit``), which is what a
-freshly started server will see.  ``build`` runs rounds until one does no work; ``verify`` runs
-one round against an installed cache.
+freshly started server will see.  ``build`` runs rounds until they stop compiling; ``verify``
+runs one round against an installed cache.
 
 - ``CommandDriver``: any command line (``cachebake build -- CMD...``).
 - ``InProcessDriver``: a Python function ``module:function(**kwargs)`` that runs one round
   in-process (the ``kernels`` and ``vllm`` drivers), started through
-  ``python -m cachebake.drivers.command module:function JSON_KWARGS``.
+  ``python -m cachebake.drivers.command module:function JSON_KWARGS``; ``main`` below is that
+  child's error boundary.
+
+Everything a driver needs is checked before round 1 (``preflight``), without importing it:
+the packages are located with ``importlib.util.find_spec`` and a file or two inside them, the
+GPU through nvidia-smi/NVML (cachebake.artifact.fingerprint.visible_gpu), never torch.
 """
 
 from __future__ import annotations
@@ -18,22 +24,90 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from cachebake.errors import BadInput, Unsupported
+from cachebake.errors import BadInput, CachebakeError, Unsupported
 
-# --driver NAME -> the function that runs one round in-process.  Each takes (model, tp).
+# --driver NAME -> the function that runs one round in-process.  Each takes (model, tp, ...).
 DRIVER_FUNCTIONS: dict[str, str] = {
     "kernels": "cachebake.drivers.kernels:run_sweep",
     "vllm": "cachebake.drivers.vllm_engine:run_warmup",
 }
+# What each driver needs on this machine: requirement names (see _REQUIREMENTS) and a GPU.
+DRIVER_NEEDS: dict[str, tuple[str, ...]] = {
+    "kernels": ("triton", "torch", "vllm-mamba-ops", "gpu"),
+    "vllm": ("triton", "vllm", "gpu"),
+}
+# The file a driver's round writes beside the monitor's log, merged into the bake section.
+DRIVER_RECORDS: dict[str, str] = {"vllm": "vllm-bake.json"}
+
+# Files that tell a full vLLM (its engine) from the ops-only slice that
+# bench/vllm_ops/make_vllm_ops.py builds, located without importing vllm (seconds, and torch).
+_VLLM_ENGINE_FILE = ("entrypoints", "llm.py")
+_VLLM_MAMBA_OPS_FILE = ("model_executor", "layers", "mamba", "ops", "ssd_combined.py")
+INSTALL_HINTS = {
+    "triton": "Triton (pip install triton)",
+    "torch": "torch (pip install torch)",
+    "vllm": "vLLM (pip install vllm)",
+    "vllm-mamba-ops": "vLLM's Mamba2 ops (pip install vllm, or bench/vllm_ops/make_vllm_ops.py)",
+    "gpu": "a visible GPU (nvidia-smi and NVML found none)",
+}
+
+
+def _package_dir(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin).parent if spec.origin else None
+
+
+def _has(requirement: str) -> bool:
+    if requirement == "gpu":
+        from cachebake.artifact.fingerprint import visible_gpu
+
+        return visible_gpu() is not None
+    if requirement == "vllm":
+        d = _package_dir("vllm")
+        return d is not None and d.joinpath(*_VLLM_ENGINE_FILE).is_file()
+    if requirement == "vllm-mamba-ops":
+        d = _package_dir("vllm")
+        return d is not None and d.joinpath(*_VLLM_MAMBA_OPS_FILE).is_file()
+    return _package_dir(requirement) is not None
+
+
+def missing(driver: str) -> list[str]:
+    """The requirements of ``driver`` this machine lacks (``gpu`` last: packages first)."""
+    return [r for r in DRIVER_NEEDS.get(driver, ()) if not _has(r)]
+
+
+def default_driver() -> str:
+    """``vllm`` where vLLM and a GPU are, else ``kernels`` where torch and vLLM's Mamba2 ops
+    are (its GPU check comes in preflight), else one line naming what to install."""
+    if not missing("vllm"):
+        return "vllm"
+    if not [r for r in missing("kernels") if r != "gpu"]:
+        return "kernels"
+    lacking = sorted(set(missing("vllm")) | set(missing("kernels")), key=list(INSTALL_HINTS).index)
+    raise Unsupported(
+        f"no bake driver can run here (missing: {', '.join(INSTALL_HINTS[r].split(' (')[0] for r in lacking)}): "
+        "install vLLM (pip install vllm; it brings torch and its Mamba2 ops) where a GPU is "
+        "visible, or give the warmup command after --")
 
 
 @dataclass
 class CommandDriver:
     argv: list[str]
     model: str | None = None  # recorded only: which model the command serves
+    name: str = "command"
+    runs_on_gpu: bool = False  # unknown: it may compile ahead of time for any --target
 
     def round_argv(self) -> list[str]:
         return list(self.argv)
@@ -47,12 +121,26 @@ class CommandDriver:
             d["model"] = self.model
         return d
 
+    def preflight(self) -> None:
+        exe = self.argv[0]
+        if shutil.which(exe) is None:
+            raise BadInput(f"cannot run {exe!r}: no such command"
+                           + ("" if os.sep in exe else " on PATH"))
+
+    def recorded(self, work_dir: Path) -> dict:
+        return {}
+
 
 @dataclass
 class InProcessDriver:
     name: str
     function: str  # "module:function"
     kwargs: dict = field(default_factory=dict)
+
+    @property
+    def runs_on_gpu(self) -> bool:
+        """It runs kernels on the GPU here, so it compiles for that GPU only."""
+        return "gpu" in DRIVER_NEEDS.get(self.name, ())
 
     def round_argv(self) -> list[str]:
         return [sys.executable, "-m", "cachebake.drivers.command", self.function,
@@ -64,27 +152,69 @@ class InProcessDriver:
     def describe(self) -> dict:
         return {"driver": self.name, "function": self.function, **self.kwargs}
 
+    def preflight(self) -> None:
+        """Refuse before a round starts when what the driver needs is not here.  find_spec
+        imports the parent package only, not the driver: its heavy imports belong in the
+        round's own process."""
+        module = self.function.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise Unsupported(f"--driver {self.name}: {module} is not available in this cachebake")
+        lacking = missing(self.name)
+        if lacking:
+            raise Unsupported(f"--driver {self.name} cannot run here: it needs "
+                              + "; ".join(INSTALL_HINTS.get(r, r) for r in lacking))
+
+    def recorded(self, work_dir: Path) -> dict:
+        name = DRIVER_RECORDS.get(self.name)
+        path = Path(work_dir) / name if name else None
+        if path is None or not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CachebakeError(f"the {self.name} driver's record {path} is unreadable: {e}") from None
+        return data if isinstance(data, dict) else {}
+
+
+def default_out(model: str | None) -> str:
+    """``--out`` when none is given: a directory named after the model, in the working dir."""
+    if not model:
+        return "cachebake-artifact"
+    slug = os.path.basename(os.path.normpath(model)) if os.sep in model else model
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in slug.replace(":", "-"))
+    return f"cachebake-{slug.strip('-.') or 'artifact'}"
+
 
 def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
-                model: str | None = None, tp: int | None = None, serve_args: str | None = None,
-                model_dir: str | None = None):
-    """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` with ``--model``."""
+                model: str | None = None, tp: int | None = None,
+                serve_args: dict | str | None = None, model_dir: str | None = None):
+    """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` (default:
+    ``default_driver()``) with ``--model``, which must name a recipe or a model config."""
     if cmd:
         if driver not in (None, "command"):
             raise BadInput(f"give either --driver {driver} or -- CMD, not both")
         return CommandDriver(list(cmd), model=model)
-    if driver in (None, "command"):
-        raise BadInput("nothing to run: give -- CMD... or --driver kernels|vllm --model MODEL")
-    if driver not in DRIVER_FUNCTIONS:
+    if driver == "command":
+        raise BadInput("--driver command runs the command after --: give -- CMD...")
+    if driver is not None and driver not in DRIVER_FUNCTIONS:
         raise BadInput(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
     if not model:
-        raise BadInput(f"--driver {driver} needs --model")
+        raise BadInput("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
+                       "or a model directory) or the warmup command after --")
+    from cachebake.recipes import load_recipe
+
+    load_recipe(model)  # a mistyped model is refused here, not in round 1
+    if serve_args is not None:
+        from cachebake.serving import parse_serve_args, validate_serve_args
+
+        parsed = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args)
+        serve_args = validate_serve_args(parsed)
+    driver = driver or default_driver()
     function = DRIVER_FUNCTIONS[driver]
-    # Refuse before a round starts (find_spec imports the parent package only, not the driver:
-    # the driver's heavy imports belong in the round's own process).
-    if importlib.util.find_spec(function.partition(":")[0]) is None:
-        raise Unsupported(f"--driver {driver}: {function.partition(':')[0]} is not available "
-                          "in this cachebake")
     kwargs: dict = {"model": model}
     if tp is not None:
         kwargs["tp"] = tp
@@ -96,6 +226,8 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         kwargs["model_dir"] = os.path.abspath(model_dir)
     return InProcessDriver(driver, function, kwargs)
 
+
+# --------------------------------------------------------------------------- the round child
 
 def _run_function(target: str, kwargs: dict) -> None:
     module_name, _, func_name = target.partition(":")
@@ -109,20 +241,33 @@ def _run_function(target: str, kwargs: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child side of an InProcessDriver round: monitor on (from the env), then the function."""
+    """Child side of an InProcessDriver round: monitor on (from the env), then the function.
+
+    The child's boundary, like cachebake.cli's: a CachebakeError is one line and its code; an
+    unexpected exception is one line naming a log file that holds the traceback (the round's
+    output is shown to the user, and a traceback is not a message); Ctrl-C is 130."""
     import cachebake.capture.activate  # noqa: F401  (before any kernel module is imported)
-    from cachebake.errors import CachebakeError
+    from cachebake.errors import ExitCode, write_crash_log
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m cachebake.drivers.command MODULE:FUNCTION JSON_KWARGS",
               file=sys.stderr)
-        return 2
+        return int(ExitCode.USAGE)
     try:
         _run_function(args[0], json.loads(args[1]))
     except CachebakeError as e:
-        print(f"cachebake: error: {e}", file=sys.stderr)
+        print(f"cachebake: error: {e.line()}", file=sys.stderr)
         return int(e.code)
+    except KeyboardInterrupt:
+        print("cachebake: error: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    except Exception as e:  # noqa: BLE001 - the child's boundary: the driver's bug, in one line
+        log = write_crash_log(e, f"python -m cachebake.drivers.command {shlex.join(args)}")
+        print(f"cachebake: error: driver {args[0]} failed: {type(e).__name__}: "
+              f"{' '.join(str(e).split())}" + (f" (traceback in {log})" if log else ""),
+              file=sys.stderr)
+        return int(ExitCode.COMMAND_FAILED)
     return 0
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
 from cachebake.install.source import open_source
-from cachebake.roles import serving_env
+from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.runtime import serving_overlay_env as runtime_env
 
 LOCK_TIMEOUT_S = 600.0
@@ -167,7 +167,9 @@ def _left_out(report: InstallReport, left_out: dict[str, str], serve_root: str) 
     """Take the roles install could not relocate out of the report's roles and environment."""
     report.left_out = dict(left_out)
     report.roles = [r for r in report.roles if r not in left_out]
-    report.env = serving_env(serve_root, report.roles)
+    # the left-out roles' variables go; the rest (the overlay's, when asked) stays
+    dropped = {ROLE_ENV[r] for r in left_out if r in ROLE_ENV}
+    report.env = {k: v for k, v in report.env.items() if k not in dropped}
     report.warnings = [f"left the {role} role out ({reason}); the other roles are installed "
                        "and the server compiles what that role held"
                        for role, reason in sorted(left_out.items())]

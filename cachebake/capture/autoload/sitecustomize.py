@@ -8,6 +8,8 @@ import sys
 
 
 def _activate() -> None:
+    # cachebake.capture.env.MONITOR_LOG_ENV, spelled out: this runs in every Python process of
+    # a bake before the right cachebake is loaded (below), and most never need it.
     if not os.environ.get("CACHEBAKE_MONITOR_LOG"):
         return
     # Load the cachebake this file belongs to (the one whose parent reads the events), not
