@@ -33,7 +33,7 @@ def test_gpu_form_bakes_through_cdi_in_stable_syntax():
 
 def test_cpu_form_differs_only_by_the_device_flag_and_syntax_line():
     cpu = cpu_dockerfile(DOCKERFILE)
-    assert "RUN --device" not in cpu and not cpu.startswith("# syntax=")
+    assert "\nRUN --device" not in cpu and not cpu.startswith("# syntax=")
     assert cpu.replace("RUN set -eu;", DEVICE_FLAG + "set -eu;") == DOCKERFILE.split("\n", 1)[1]
 
 
