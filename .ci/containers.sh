@@ -121,5 +121,5 @@ export CACHEBAKE_TEST_CONTAINERS=1 CACHEBAKE_TEST_DOCKER_CLI=$DOCKER \
   CACHEBAKE_TEST_REGISTRY=$REGISTRY CACHEBAKE_TEST_REGISTRY_DIR="$WORK/registry" \
   CACHEBAKE_TEST_BASE_IMAGE=cachebake-ci/base:test CACHEBAKE_TEST_SERVING_IMAGE=cachebake-ci/serving:test \
   CACHEBAKE_TEST_PODMAN="$PODMAN" CACHEBAKE_TEST_PRIVATE_NETNS=1
-inns python3 -m pytest -q -m containers "$@"
+inns python3 -m pytest -q -rs -m containers "$@"
 say "container tests done"

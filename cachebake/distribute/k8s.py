@@ -214,8 +214,9 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
 def manifest(plan: PodPlan) -> tuple[dict, list[str]]:
     spec, notes = pod_spec(plan)
     labels = {"app.kubernetes.io/name": plan.name, "app.kubernetes.io/component": "server"}
-    annotations = {"cachebake.dev/artifact": plan.artifact, "cachebake.dev/target": plan.target,
-                   "cachebake.dev/pattern": plan.pattern}
+    # (The artifact reference is in the install args / image volume: podman refuses annotation
+    # values over 63 characters, which a digest-pinned reference is.)
+    annotations = {"cachebake.dev/target": plan.target, "cachebake.dev/pattern": plan.pattern}
     if plan.kind == "pod":
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": plan.name, "labels": labels, "annotations": annotations},

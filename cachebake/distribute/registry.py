@@ -250,10 +250,13 @@ def fetch(reference: str, dest: Path, *, target: str | None = None,
     every blob's digest on the way in).  Returns the reference actually read."""
     options = options or RegistryOptions()
     ref = parse_reference(reference)
+    # The layout names the image by its target (sm_90) whatever the registry calls it, so
+    # the artifact reader finds it; it then checks the image's own manifest says that target.
+    local_name = tag_for(target, fingerprint_file)
     if not ref.tag and not ref.digest:
-        ref = ref.with_tag(tag_for(target, fingerprint_file))
+        ref = ref.with_tag(local_name)
     _run_skopeo(["copy", "--quiet", "--preserve-digests", "--retry-times", "3",
-                 *options.flags(ref, "src"), ref.skopeo(), f"oci:{dest}:{ref.tag or 'pulled'}"],
+                 *options.flags(ref, "src"), ref.skopeo(), f"oci:{dest}:{local_name}"],
                 f"pull {ref}")
     return ref
 
