@@ -38,12 +38,17 @@ CACHE_DOCKERFILE = "FROM scratch\nCOPY rootfs/ /\n"
 BAKE_SHM_SIZE = "16g"
 
 
-def docker_client():
-    """A client for DOCKER_HOST (or the default socket); one clear line if there is none."""
+def _docker_module():
     try:
         import docker
     except ImportError:
         raise Unsupported("this command needs the docker package: pip install 'cachebake[docker]'") from None
+    return docker
+
+
+def docker_client():
+    """A client for DOCKER_HOST (or the default socket); one clear line if there is none."""
+    docker = _docker_module()
     try:
         client = docker.from_env()
         client.ping()
@@ -54,9 +59,7 @@ def docker_client():
 
 
 def _docker_errors():
-    import docker
-
-    return docker.errors.DockerException
+    return _docker_module().errors.DockerException
 
 
 # ------------------------------------------------------------------------------ cache image
@@ -171,7 +174,7 @@ def _push(client, repository: str, name: str) -> str:
 
 def device_requests(gpus: str) -> list:
     """``--gpus`` as Docker's device requests: ``all``, a count, ``device=0,1``, or ``none``."""
-    from docker.types import DeviceRequest
+    DeviceRequest = _docker_module().types.DeviceRequest  # noqa: N806 - docker's class
 
     gpus = (gpus or "all").strip()
     if gpus == "none":
@@ -244,7 +247,11 @@ def _split_command(args: list[str]) -> tuple[list[str], list[str], list[str]]:
 def run_bake_in_image(plan: BakeInImage) -> int:
     """Run the plan; the inner build's stderr streams here as it runs, its stdout (the report)
     is printed when it ends.  Returns 0 or raises the inner build's error with its exit code."""
-    client = docker_client()
+    try:
+        client = docker_client()
+    except CachebakeError:
+        shutil.rmtree(plan.work, ignore_errors=True)
+        raise
     kwargs = dict(entrypoint=["cachebake"], command=plan.argv, volumes=plan.volumes,
                   environment=plan.environment, user=plan.user, network_mode="none",
                   device_requests=plan.device_requests or None, detach=True)
