@@ -29,8 +29,11 @@ REGISTRY=127.0.0.1:5000  # inside $NS
 # Debian's docker.io CLI (20.10: BuildKit built in); a newer docker CLI elsewhere on PATH wants buildx.
 DOCKER=/usr/bin/docker
 
-apt-get install -y -qq --no-install-recommends docker.io podman catatonit runc docker-registry \
-  debootstrap skopeo iproute2 util-linux ca-certificates >/dev/null
+PACKAGES="docker.io podman catatonit runc docker-registry debootstrap skopeo iproute2 util-linux ca-certificates"
+if ! dpkg -s $PACKAGES >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
+fi
 python3 -m pip install -q -e '.[test,docker,k8s]' kubernetes-validate
 
 # Storage: overlay where the kernel lets us mount it (layers shared: a container starts in
@@ -94,7 +97,7 @@ echo $! >"$WORK/registry.pid"
 ROOTFS="$WORK/rootfs"
 mkdir -p "$DEB_CACHE"
 debootstrap --variant=minbase --include=python3,python3-pip,skopeo,netavark --cache-dir="$DEB_CACHE" \
-  "$SUITE" "$ROOTFS" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
+  "$SUITE" "$ROOTFS" "${CACHEBAKE_CI_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$WORK/debootstrap.log" 2>&1 \
   || { tail -20 "$WORK/debootstrap.log"; exit 1; }
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* \
   "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/* "$ROOTFS"/usr/share/locale/*
