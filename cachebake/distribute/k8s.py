@@ -204,6 +204,9 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
             notes.append("the cache is read-only: until cachebake's serve-time layered cache "
                          "manager is installed in the serving image, a kernel the bake missed "
                          "fails to compile (PermissionError); verify the bake covers the server")
+    if plan.command[:2] == ["vllm", "serve"] and len(plan.command) > 2:
+        notes.append(f"the server reads its model from {plan.command[2]}: mount it there "
+                     "(a PersistentVolumeClaim, or an image volume)")
     if plan.pull_secret:
         spec["imagePullSecrets"] = [{"name": plan.pull_secret}]
     spec["containers"] = [server]
