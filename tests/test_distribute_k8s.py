@@ -103,10 +103,19 @@ def test_manifests_pass_the_kubernetes_1_35_schema(pattern, kind, tmp_path):
         assert _validate(path, "1.30.0").returncode != 0
 
 
+def _podman(engines, *args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*engines.podman, *map(str, args)], capture_output=True, text=True, **kw)
+
+
+def _volume(engines, name) -> Path:
+    return Path(_podman(engines, "volume", "inspect", name, "--format", "{{.Mountpoint}}").stdout.strip())
+
+
 @pytest.mark.containers
 @pytest.mark.slow
+@pytest.mark.parametrize("installer", ["installer-image", "serving-image"])
 def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
-        engines, container_artifact, installer_image, serving_cachebake, tmp_path):
+        engines, container_artifact, installer_image, serving_cachebake, installer, tmp_path):
     if not engines.podman:
         pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
     if not engines.private_netns:
@@ -116,40 +125,36 @@ def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
                          "--json").stdout)["pushed"][0]["pinned"]
     for image in (installer_image, serving_cachebake):
         engines.docker("push", image)
+    how = (["--installer-image", installer_image] if installer == "installer-image"
+           else ["--install-in-serving-image"])
     doc = yaml.safe_load(cli(
         "k8s", "--kind", "pod", "--name", "cbpod", "--artifact", ref, "--serving-image", serving_cachebake,
-        "--installer-image", installer_image, "--target", "sm_90", "--gpus", "0",
+        *how, "--target", "sm_90", "--gpus", "0",
         "--", "cachebake", "verify", "--cache", ROOT, "--json", "--", *WARMUP.split()).stdout)
     doc["spec"]["restartPolicy"] = "Never"  # a one-shot verify in place of a server
     path = tmp_path / "pod.yaml"
     path.write_text(yaml.safe_dump(doc))
-    podman = engines.podman
     volumes = [v["name"] for v in doc["spec"]["volumes"]]
-    subprocess.run([*podman, "pod", "rm", "-f", "cbpod"], capture_output=True)
-    subprocess.run([*podman, "volume", "rm", "-f", *volumes], capture_output=True)
+    _podman(engines, "pod", "rm", "-f", "cbpod")
+    _podman(engines, "volume", "rm", "-f", *volumes)
     try:
         # --network host: the namespace's own loopback, where the registry listens; no bridge.
-        play = subprocess.run([*podman, "kube", "play", "--network", "host", "--tls-verify=false", str(path)],
-                              capture_output=True, text=True, timeout=600)
+        play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", path, timeout=600)
         assert play.returncode == 0, play.stderr[-3000:]
-        subprocess.run([*podman, "wait", "cbpod-cbpod"], capture_output=True, timeout=300)
-        state = json.loads(subprocess.run([*podman, "inspect", "cbpod-cbpod"], capture_output=True,
-                                          text=True).stdout)[0]["State"]
-        logs = subprocess.run([*podman, "logs", "cbpod-cbpod"], capture_output=True, text=True)
+        _podman(engines, "wait", "cbpod-cbpod", timeout=300)
+        state = json.loads(_podman(engines, "inspect", "cbpod-cbpod").stdout)[0]["State"]
+        logs = _podman(engines, "logs", "cbpod-cbpod")
         assert state["ExitCode"] == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
         report = verify_json(logs.stdout)
         assert report["ok"] and report["compiles"] == 0 and report["cache_hits"] == 3
-        mount = subprocess.run([*podman, "volume", "inspect", "cachebake", "--format", "{{.Mountpoint}}"],
-                               capture_output=True, text=True).stdout.strip()
-        data = Path(mount)
+        data = _volume(engines, "cachebake")
         marker = json.loads((data / ".cachebake" / "current" / "install.json").read_text())
         assert marker["serve_at"] == ROOT  # installed at /cachebake, group files for the server
         assert data.stat().st_uid == NONROOT_UID  # the installer ran as 65534
-        fp = Path(subprocess.run([*podman, "volume", "inspect", "cachebake-fingerprint", "--format",
-                                          "{{.Mountpoint}}"], capture_output=True, text=True).stdout.strip())
-        fingerprint = json.loads((fp / "fingerprint.json").read_text())
-        # taken in the serving image (the installer has no Triton, so no Triton key)
-        assert fingerprint["triton_key"] and fingerprint["triton_version"] == "3.6.0"
+        if installer == "installer-image":
+            fingerprint = json.loads((_volume(engines, "cachebake-fingerprint") / "fingerprint.json").read_text())
+            # taken in the serving image (the installer has no Triton, so no Triton key)
+            assert fingerprint["triton_key"] and fingerprint["triton_version"] == "3.6.0"
     finally:
-        subprocess.run([*podman, "pod", "rm", "-f", "cbpod"], capture_output=True)
-        subprocess.run([*podman, "volume", "rm", "-f", *volumes], capture_output=True)
+        _podman(engines, "pod", "rm", "-f", "cbpod")
+        _podman(engines, "volume", "rm", "-f", *volumes)
