@@ -176,15 +176,33 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 @click.option("--jobs", type=POSITIVE_INT, default=None, help="Processes for --seed (default: all cores).")
 @click.option("--retune", is_flag=True, help="--seed: do not carry its autotune results (benchmark afresh).")
 @click.option("--gpu-name", help="Cross-target bake: the target GPU's name, for vLLM's per-GPU config tables.")
+@click.option("--image", help="Run the bake inside this (serving) image through the Docker API, "
+              "so its fingerprint is the image's (needs cachebake in the image, the docker extra).")
+@click.option("--gpus", default="all", show_default=True,
+              help="With --image: GPUs to request (all, a count, device=0,1, none).")
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
           quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, seed, jobs, retune,
-          gpu_name, as_json, cmd):
+          gpu_name, image, gpus, as_json, cmd):
     """Check everything, run a warmup under the compile monitor until rounds stop compiling,
     then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
+    from cachebake.drivers.command import default_out
+
+    if image:
+        if seed or jobs or retune or gpu_name:
+            from cachebake.errors import BadInput
+
+            raise BadInput("--seed, --jobs, --retune and --gpu-name do not apply with --image")
+        _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
+                        model=model, driver=driver, tp=tp, serve_args=serve_args,
+                        model_dir=model_dir, target=target, until_stable=until_stable,
+                        quiet_rounds=quiet_rounds, max_rounds=max_rounds, reuse_root=reuse_root,
+                        allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
+                        as_json=as_json, cmd=cmd)
+        return
     from cachebake.build import build as run_build
-    from cachebake.drivers.command import default_out, make_driver
+    from cachebake.drivers.command import make_driver
     from cachebake.progress import PackProgress, RoundProgress
     from cachebake.render import render_build
     from cachebake.roles import DEFAULT_ROOT
@@ -219,6 +237,34 @@ def replay(source, target, out, jobs, partial, layer_root, gpu_name, as_json):
                         layer_root=layer_root, gpu_name=gpu_name,
                         progress=None if as_json else stderr_progress)
     output(as_json).emit(report)
+
+
+def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
+    """``build --image``: the same bake, run by the cachebake inside ``image``."""
+    from cachebake.distribute.image import build_args, plan_bake_in_image, run_bake_in_image
+    from cachebake.errors import BadInput
+    from cachebake.roles import DEFAULT_ROOT
+
+    if work_dir:
+        raise BadInput("--work-dir does not apply with --image (logs stay next to --out on failure)")
+    plan = plan_bake_in_image(image, build_args(**build_options), out=out,
+                              root=str(root or DEFAULT_ROOT), gpus=gpus)
+    run_bake_in_image(plan)
+
+
+@main.command("image")
+@click.argument("artifact", type=click.Path())
+@click.option("--tag", required=True, help="Image name to build, e.g. registry.example/bakes/nemotron:sm_90.")
+@click.option("--target", type=GPU_TARGET, help="The GPU target's bake to use (default: the only one).")
+@click.option("--root", type=ABSOLUTE_PATH, help="Where the tree sits in the image (default: the bake's serving root).")
+@click.option("--push", is_flag=True, help="Push the image through the daemon after building it.")
+@JSON_OPTION
+def image_cmd(artifact, tag, target, root, push, as_json):
+    """Build the cache image in a Docker daemon: FROM scratch, ARTIFACT installed at the serving
+    root, for `COPY --from=TAG /var/cache/cachebake /var/cache/cachebake` in a serving Dockerfile."""
+    from cachebake.distribute.image import build_cache_image
+
+    output(as_json).emit(build_cache_image(artifact, tag, target=target, root=root, push=push))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -301,22 +347,90 @@ def serve_args_cmd(artifact, target, root, overlay, as_json):
 @click.option("--overlay", type=ABSOLUTE_PATH, default=None,
               help="Writable dir in the server (emptyDir, /tmp) for kernels the bake lacks: the env "
                    "turns on the layered cache manager and the miss log there.")
+@click.option("--tls-verify/--no-tls-verify", default=None,
+              help="ARTIFACT docker://...: require HTTPS (default: yes, except loopback registries).")
+@click.option("--authfile", type=click.Path(dir_okay=False),
+              help="ARTIFACT docker://...: registry credentials (docker config.json format).")
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
-            as_json):
-    """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent."""
+            tls_verify, authfile, as_json):
+    """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
+    ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
+    from cachebake.distribute import registry
     from cachebake.install import install_artifact
     from cachebake.render import render_install
 
     out = output(as_json)
-    report = install_artifact(artifact, to, target=target, fingerprint_file=fingerprint_file,
-                              allow_mismatch=allow_mismatch, serve_at=serve_at,
-                              lock_timeout=lock_timeout, overlay=overlay)
+    options = dict(target=target, fingerprint_file=fingerprint_file, allow_mismatch=allow_mismatch,
+                   serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay)
+    if registry.is_reference(artifact):
+        report = registry.install_reference(
+            artifact, to, options=registry.RegistryOptions(tls_verify, authfile), **options)
+    else:
+        report = install_artifact(artifact, to, **options)
     for line in report.mismatches:
         out.warn(f"{line} (installed anyway: --allow-mismatch)")
     for line in report.warnings:
         out.warn(line)
     out.emit(report, render=render_install)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.argument("reference")
+@click.option("--target", type=GPU_TARGET, help="Push only this GPU target's bake (needed when REFERENCE has a tag "
+              "and the artifact holds several).")
+@click.option("--tls-verify/--no-tls-verify", default=None,
+              help="Require HTTPS (default: yes, except loopback registries).")
+@click.option("--authfile", type=click.Path(dir_okay=False),
+              help="Registry credentials (docker config.json format; default: skopeo's search).")
+@JSON_OPTION
+def push(artifact, reference, target, tls_verify, authfile, as_json):
+    """Push ARTIFACT's bakes to a registry: REFERENCE is docker://HOST/REPO[:TAG] (no tag: one
+    tag per GPU target, e.g. :sm_90)."""
+    from cachebake.distribute.registry import RegistryOptions, push_artifact
+
+    report = push_artifact(artifact, reference, target=target,
+                           options=RegistryOptions(tls_verify, authfile))
+    output(as_json).emit(report)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--artifact", required=True,
+              help="The bake: docker://HOST/REPO[:TAG|@DIGEST] as `cachebake push` printed it "
+                   "(init: also a path inside the installer image).")
+@click.option("--serving-image", required=True, help="The vLLM serving image.")
+@click.option("--pattern", type=click.Choice(["init", "image-volume"]), default="init", show_default=True)
+@click.option("--target", type=GPU_TARGET, required=True, help="GPU target of the bake, e.g. sm_90.")
+@click.option("--installer-image", help="init: the installer image (docker/installer.Dockerfile).")
+@click.option("--install-in-serving-image", is_flag=True,
+              help="init: run the install in the serving image (needs cachebake there).")
+@click.option("--model", help="Serve this recipe with `vllm serve` and the recipe's flags.")
+@click.option("--name", default="vllm", show_default=True, help="Deployment/Pod and container name.")
+@click.option("--root", type=ABSOLUTE_PATH, default=None, help="Where the server reads the cache (default /var/cache/cachebake).")
+@click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="nvidia.com/gpu limit of the server.")
+@click.option("--kind", type=click.Choice(["deployment", "pod"]), default="deployment", show_default=True)
+@click.option("--pull-secret", help="dockerconfigjson Secret: image pulls and the installer's registry login.")
+@click.option("--tls-verify/--no-tls-verify", default=None,
+              help="init: the installer's registry TLS (default: yes, except loopback registries).")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@JSON_OPTION
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
+        name, root, gpus, kind, pull_secret, tls_verify, fmt, as_json, cmd):
+    """Kubernetes manifests that give a vLLM server its bake: an init container filling an
+    emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
+    from cachebake.distribute.k8s import ManifestReport, PodPlan, manifest, render, server_command
+    from cachebake.roles import DEFAULT_ROOT
+
+    plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
+                   installer_image=installer_image, install_in_serving_image=install_in_serving_image,
+                   name=name, root=str(root or DEFAULT_ROOT), command=server_command(model, cmd),
+                   gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify)
+    doc, notes = manifest(plan)
+    output(as_json).emit(ManifestReport(render(doc, notes, fmt), doc, notes))
+    for note in notes:
+        click.echo(f"cachebake: note: {note}", err=True)
 
 
 @main.command()

@@ -98,7 +98,7 @@ CASES = [
     (["install", "{art}", "--to", "{tmp}/c", "--lock-timeout", "-5", "--target", "sm_90"], U),
     (["install", "{art}", "--to", "{tmp}/c", "--target", "sm_999"], U),
     (["install", "{art}", "--to", "{tmp}/c", "--fingerprint", "{tmp}/missing.json"], B),
-    (["install", "registry.example.com/cache:sm_90", "--to", "{tmp}/c"], S),
+    (["install", "registry.example.com/cache:sm_90", "--to", "{tmp}/c"], B),  # no docker://: a path that is not there
     (["install", "{art}", "--to", "{tmp}/c"], B),  # no GPU, no --target
     (["recipes", "--bogus"], U),
     (["serve-args", "{tmp}/missing"], B),

@@ -106,6 +106,6 @@ def test_a_layout_copied_by_skopeo_installs(baked, tmp_path):
     assert (result["hits"], result["misses"]) == (3, 0)
 
 
-def test_a_registry_reference_says_how_to_fetch_it(tmp_path):
+def test_a_registry_reference_without_its_scheme_says_how_to_write_it(tmp_path):
     r = cli("install", "ghcr.io/acme/bakes:sm_90", "--to", tmp_path / "c", "--target", "sm_90")
-    assert r.returncode == ExitCode.UNSUPPORTED and "skopeo copy docker://ghcr.io/acme/bakes:sm_90" in r.stderr
+    assert r.returncode == ExitCode.BAD_INPUT and "docker://ghcr.io/acme/bakes:sm_90" in r.stderr

@@ -4,7 +4,8 @@ Artifact directories and bare OCI layouts go through the artifact reader
 (``cachebake.artifact.oci.open_artifact``), which verifies every blob it reads.  A bare
 ``.tar.zst`` layer comes with its manifest: ``cachebake.json`` next to it (or ``<name>.json``);
 that manifest is then the root of trust and the layer is checked against its digest.
-Registry references are for the containers work; they will plug in here.
+Registry references (docker://, oci://) are fetched by cachebake.distribute.registry into a
+private OCI layout, which comes here as an artifact directory.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from cachebake.errors import BadInput, CorruptArtifact, Unsupported
 def open_source(path: str):
     p = Path(path)
     if not p.exists() and re.match(r"^[a-z][a-z0-9+.-]*://|^[\w.-]+(:\d+)?/[\w./-]+[:@]", path):
-        raise Unsupported(f"{path}: registry references are not read yet; fetch it first, e.g. "
-                          f"`skopeo copy docker://{path.split('://')[-1]} oci:./bake`, and install ./bake")
+        # `cachebake install docker://...` goes to cachebake.distribute.registry, never here.
+        raise BadInput(f"{path}: no such artifact; a registry reference is written "
+                       f"docker://{path.split('://')[-1]}")
     if not p.exists():
         raise BadInput(f"{path}: no such artifact")
     if p.is_file() and p.name.endswith((".tar.zst", ".tzst")):

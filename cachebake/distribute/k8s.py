@@ -1,0 +1,264 @@
+"""``cachebake k8s``: the Kubernetes manifests for the two ways a Pod gets a bake.
+
+``init`` (any Kubernetes): an emptyDir filled before the server starts.
+  1. ``cachebake-lib`` (installer image) copies cachebake's sources into an emptyDir;
+  2. ``cachebake-fingerprint`` (the *serving* image, ``PYTHONPATH`` on that copy) writes the
+     serving environment's fingerprint: Triton key, Python ABI, ptxas and the server's own
+     environment variables, which an installer image cannot know;
+  3. ``cachebake-install`` (installer image) runs ``cachebake install REF --to /cachebake
+     --serve-at ROOT --fingerprint ...``: the server mounts the volume at ROOT, so Triton's group
+     files are written for ROOT, not for the installer's mount path.
+  With ``--install-in-serving-image`` steps 1-2 go and the install itself runs in the serving
+  image, whose preflight then reads the real environment directly; that image needs
+  cachebake (and skopeo for a registry reference).  Every cachebake container runs as uid
+  65534 with a read-only root filesystem, no privilege escalation and no capabilities; /tmp
+  is an emptyDir (a registry pull lands there before it is verified and installed).
+
+``image-volume`` (Kubernetes >= 1.35, ``volumes[].image``): the pushed bake image itself is
+  mounted read-only at ROOT (``cachebake push`` writes the cache tree at the image's root, its
+  group files written for the bake root: ROOT must be that root).  A read-only cache cannot
+  take a kernel the bake missed; the serve-time layered cache manager (cachebake.runtime, the
+  serve-time work) sends misses to a writable overlay: this pattern already mounts an emptyDir
+  for it and sets the variables it reads.
+
+Only the serving container's command is the user's: ``--model`` gives ``vllm serve`` with the
+recipe's serving flags, ``-- CMD...`` any command, neither the image's own entrypoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from cachebake.errors import BadInput, Unsupported
+from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, serving_env
+
+PATTERNS = ("init", "image-volume")
+KINDS = ("deployment", "pod")
+NONROOT_UID = 65534  # "nobody": owns nothing in any image
+INSTALL_MOUNT = "/cachebake"  # where the installer sees the cache volume
+FINGERPRINT_DIR = "/cachebake-fingerprint"
+LIB_DIR = "/cachebake-lib"
+AUTH_DIR = "/cachebake-auth"
+OVERLAY_MOUNT = "/var/cache/cachebake-overlay"
+DEFAULT_INSTALLER_NOTE = "docker/installer.Dockerfile"
+
+
+@dataclass
+class PodPlan:
+    artifact: str
+    serving_image: str
+    pattern: str = "init"
+    target: str | None = None
+    installer_image: str | None = None
+    install_in_serving_image: bool = False
+    name: str = "vllm"
+    root: str = str(DEFAULT_ROOT)
+    command: list[str] = field(default_factory=list)
+    gpus: int = 1
+    kind: str = "deployment"
+    pull_secret: str | None = None
+    tls_verify: bool | None = None
+
+
+def server_command(model: str | None, cmd: tuple[str, ...] | list[str]) -> list[str]:
+    """``vllm serve`` with the recipe's serving flags (the ones a bake of it used), or ``cmd``."""
+    if model and cmd:
+        raise BadInput("give --model or a command after --, not both")
+    if cmd:
+        return list(cmd)
+    if not model:
+        return []
+    from cachebake.drivers.vllm_args import BAKE_ONLY, resolve, serve_args_to_flags
+
+    _, args, model_dir = resolve(model)
+    return ["vllm", "serve", model_dir,
+            *serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})]
+
+
+def _nonroot(read_only_root: bool = True) -> dict:
+    return {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID,
+            "readOnlyRootFilesystem": read_only_root, "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _env(mapping: dict[str, str]) -> list[dict]:
+    return [{"name": k, "value": v} for k, v in mapping.items()]
+
+
+def _server_env(root: str) -> dict[str, str]:
+    # Every role a bake can hold, as the Dockerfile's serving stage sets them: the bake ran
+    # with all of them pinned under its root (cachebake.capture.env).
+    return serving_env(root, list(ROLE_ENV))
+
+
+def overlay_env(overlay: str) -> tuple[dict[str, str], bool]:
+    """The variables that switch on the layered cache manager, and whether it exists here.
+    Until cachebake.runtime has it, only the overlay directory is set (harmless) and
+    TRITON_CACHE_MANAGER is left alone: naming a missing class would stop Triton."""
+    try:
+        from cachebake.runtime import overlay_env as runtime_overlay_env  # the serve-time work
+    except ImportError:
+        return {"CACHEBAKE_OVERLAY_DIR": overlay}, False
+    return dict(runtime_overlay_env(overlay)), True
+
+
+def _install_args(plan: PodPlan, fingerprint: bool) -> list[str]:
+    args = ["install", plan.artifact, "--to", INSTALL_MOUNT, "--serve-at", plan.root,
+            "--target", plan.target]
+    if fingerprint:
+        args += ["--fingerprint", f"{FINGERPRINT_DIR}/fingerprint.json"]
+    if plan.tls_verify is not None:
+        args.append("--tls-verify" if plan.tls_verify else "--no-tls-verify")
+    if plan.pull_secret:
+        args += ["--authfile", f"{AUTH_DIR}/config.json"]
+    return args
+
+
+def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:
+    """(initContainers, volumes) of the init-container pattern."""
+    tmp = {"name": "cachebake-tmp", "mountPath": "/tmp"}
+    cache_rw = {"name": "cachebake", "mountPath": INSTALL_MOUNT}
+    volumes = [{"name": "cachebake", "emptyDir": {}}, {"name": "cachebake-tmp", "emptyDir": {}}]
+    inits: list[dict] = []
+    install_mounts = [cache_rw, tmp]
+    if plan.pull_secret:
+        volumes.append({"name": "cachebake-auth", "secret": {
+            "secretName": plan.pull_secret, "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}})
+        install_mounts.append({"name": "cachebake-auth", "mountPath": AUTH_DIR, "readOnly": True})
+    if plan.install_in_serving_image:
+        inits.append({"name": "cachebake-install", "image": plan.serving_image,
+                      "command": ["cachebake", *_install_args(plan, fingerprint=False)],
+                      "env": server.get("env", []), "volumeMounts": install_mounts,
+                      "securityContext": _nonroot()})
+        return inits, volumes
+    volumes += [{"name": "cachebake-lib", "emptyDir": {"medium": "Memory", "sizeLimit": "32Mi"}},
+                {"name": "cachebake-fingerprint", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    fp_mount = {"name": "cachebake-fingerprint", "mountPath": FINGERPRINT_DIR}
+    inits.append({"name": "cachebake-lib", "image": plan.installer_image,
+                  "command": ["python3", "-m", "cachebake.distribute.probe", "--copy-package", LIB_DIR],
+                  "volumeMounts": [{"name": "cachebake-lib", "mountPath": LIB_DIR}],
+                  "securityContext": _nonroot()})
+    # The server's own variables (cache-invalidating ones enter Triton's key) plus the copy of
+    # cachebake on PYTHONPATH; python -I would drop PYTHONPATH, so the env carries it.
+    fp_env = [e for e in server.get("env", []) if e["name"] != "PYTHONPATH"]
+    fp_env.append({"name": "PYTHONPATH", "value": LIB_DIR})
+    inits.append({"name": "cachebake-fingerprint", "image": plan.serving_image,
+                  "command": ["python3", "-m", "cachebake.distribute.probe", "--target", plan.target,
+                              "--out", f"{FINGERPRINT_DIR}/fingerprint.json"],
+                  "env": fp_env,
+                  "volumeMounts": [{"name": "cachebake-lib", "mountPath": LIB_DIR, "readOnly": True},
+                                   fp_mount, tmp],
+                  "securityContext": _nonroot()})
+    inits.append({"name": "cachebake-install", "image": plan.installer_image,
+                  "args": _install_args(plan, fingerprint=True),
+                  "volumeMounts": [*install_mounts, {**fp_mount, "readOnly": True}],
+                  "securityContext": _nonroot()})
+    return inits, volumes
+
+
+def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
+    """The Pod spec for ``plan`` and notes for the operator (things the spec cannot say)."""
+    from cachebake.artifact.fingerprint import GPUTargetSpec
+    from cachebake.distribute.registry import is_reference, parse_reference
+
+    notes: list[str] = []
+    if plan.pattern not in PATTERNS:
+        raise BadInput(f"--pattern {plan.pattern!r}: one of {', '.join(PATTERNS)}")
+    if not plan.target:
+        raise BadInput("--target is needed (e.g. sm_90): the Pod's init containers see no GPU")
+    plan.target = GPUTargetSpec.parse(plan.target).ref_name
+    server: dict = {"name": plan.name, "image": plan.serving_image}
+    if plan.command:
+        server["command"] = plan.command
+    server["env"] = _env(_server_env(plan.root))
+    server["volumeMounts"] = []
+    if plan.gpus:
+        server["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus}}
+    spec: dict = {}
+    if plan.pattern == "init":
+        if not plan.install_in_serving_image and not plan.installer_image:
+            raise BadInput(f"--installer-image is needed (build it from {DEFAULT_INSTALLER_NOTE}), "
+                           "or --install-in-serving-image")
+        if is_reference(plan.artifact):
+            parse_reference(plan.artifact)
+        inits, volumes = _init_pattern(plan, server)
+        # Writable: a kernel the bake missed is compiled and cached in this Pod's copy.
+        server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root})
+        spec["initContainers"] = inits
+    else:
+        if not is_reference(plan.artifact):
+            raise BadInput(f"{plan.artifact}: an image volume needs a registry reference "
+                           "(docker://HOST/REPO:TAG, as `cachebake push` printed it)")
+        ref = parse_reference(plan.artifact)
+        image_ref = f"{ref.name}@{ref.digest}" if ref.digest else f"{ref.name}:{ref.tag or plan.target}"
+        overlay, present = overlay_env(OVERLAY_MOUNT)
+        server["env"] += _env(overlay)
+        server["volumeMounts"] += [{"name": "cachebake", "mountPath": plan.root, "readOnly": True},
+                                   {"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT}]
+        volumes = [{"name": "cachebake", "image": {"reference": image_ref, "pullPolicy": "IfNotPresent"}},
+                   {"name": "cachebake-overlay", "emptyDir": {}}]
+        notes.append(f"image volumes need Kubernetes >= 1.35 and a runtime that reads zstd layers "
+                     f"(containerd >= 1.5, CRI-O); {plan.root} must be the root the bake was made at")
+        if not present:
+            notes.append("the cache is read-only: until cachebake's serve-time layered cache "
+                         "manager is installed in the serving image, a kernel the bake missed "
+                         "fails to compile (PermissionError); verify the bake covers the server")
+    if plan.command[:2] == ["vllm", "serve"] and len(plan.command) > 2:
+        notes.append(f"the server reads its model from {plan.command[2]}: mount it there "
+                     "(a PersistentVolumeClaim, or an image volume)")
+    if plan.pull_secret:
+        spec["imagePullSecrets"] = [{"name": plan.pull_secret}]
+    spec["containers"] = [server]
+    spec["volumes"] = volumes
+    return spec, notes
+
+
+def manifest(plan: PodPlan) -> tuple[dict, list[str]]:
+    spec, notes = pod_spec(plan)
+    labels = {"app.kubernetes.io/name": plan.name, "app.kubernetes.io/component": "server"}
+    # (The artifact reference is in the install args / image volume: podman refuses annotation
+    # values over 63 characters, which a digest-pinned reference is.)
+    annotations = {"cachebake.dev/target": plan.target, "cachebake.dev/pattern": plan.pattern}
+    if plan.kind == "pod":
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": plan.name, "labels": labels, "annotations": annotations},
+                "spec": spec}, notes
+    if plan.kind != "deployment":
+        raise BadInput(f"--kind {plan.kind!r}: one of {', '.join(KINDS)}")
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": plan.name, "labels": labels, "annotations": annotations},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": plan.name}},
+                     "template": {"metadata": {"labels": labels, "annotations": annotations},
+                                  "spec": spec}}}, notes
+
+
+def render(doc: dict, notes: list[str], fmt: str = "yaml") -> str:
+    """YAML (PyYAML, the ``k8s`` extra) with the notes as leading comments, or JSON."""
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    try:
+        import yaml
+    except ImportError:
+        raise Unsupported("YAML output needs PyYAML: pip install 'cachebake[k8s]' (or --format json)") from None
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):  # no &id001 anchors: plain YAML people can edit
+            return True
+
+    head = "".join(f"# {n}\n" for n in notes)
+    return head + yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+@dataclass
+class ManifestReport:
+    text: str
+    doc: dict
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return {"manifest": self.doc, "notes": self.notes}
+
+    def render(self, console) -> None:
+        import sys
+
+        sys.stdout.write(self.text)  # verbatim: it is a file, not a message

@@ -1,0 +1,160 @@
+"""`cachebake k8s`: both patterns checked against the Kubernetes 1.35 schema (kubernetes-validate,
+offline), and the init-container Pod run for real by `podman kube play`: the installer pulls
+the bake from the registry into an emptyDir, checked against the serving image's fingerprint,
+and the server container verifies it with 0 compiles."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from containerkit import (ROOT, WARMUP, cli, container_artifact, dockerfile_context, engines,  # noqa: F401
+                          installer_image, serving_cachebake, verify_json)
+
+from cachebake.distribute.k8s import NONROOT_UID, PodPlan, manifest
+from cachebake.errors import BadInput, ExitCode
+
+REF = "docker://reg.example/bakes/nemotron:sm_90"
+PINNED = "docker://reg.example/bakes/nemotron@sha256:" + "b" * 64
+
+
+def _pod(doc):
+    return doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
+
+
+def _k8s(*args) -> dict:
+    return yaml.safe_load(cli("k8s", *args).stdout)
+
+
+def test_init_pattern_installs_for_the_server_path_with_the_serving_fingerprint():
+    pod = _pod(_k8s("--artifact", REF, "--serving-image", "vllm:1", "--installer-image", "inst:1",
+                    "--target", "sm_90", "--model", "nemotron-h"))
+    lib, fp, install = pod["initContainers"]
+    assert fp["image"] == "vllm:1" and install["image"] == lib["image"] == "inst:1"
+    assert install["args"][:2] == ["install", REF]
+    args = dict(zip(install["args"][2::2], install["args"][3::2]))
+    assert args == {"--to": "/cachebake", "--serve-at": ROOT, "--target": "sm_90",
+                    "--fingerprint": "/cachebake-fingerprint/fingerprint.json"}
+    for c in pod["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+        assert sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
+    assert {"name": "PYTHONPATH", "value": "/cachebake-lib"} in fp["env"]
+    (server,) = pod["containers"]
+    assert server["command"][:3] == ["vllm", "serve", "/models/nemotron-h-8b"]
+    assert {"name": "cachebake", "mountPath": ROOT} in server["volumeMounts"]
+    assert {"name": "TRITON_CACHE_DIR", "value": f"{ROOT}/triton"} in server["env"]
+    assert {"name": "cachebake", "emptyDir": {}} in pod["volumes"]
+
+
+def test_init_in_the_serving_image_needs_no_fingerprint_file():
+    pod = _pod(_k8s("--artifact", REF, "--serving-image", "vllm:1", "--install-in-serving-image",
+                    "--target", "sm_90", "--pull-secret", "regcred"))
+    (install,) = pod["initContainers"]
+    assert install["image"] == "vllm:1" and install["command"][:3] == ["cachebake", "install", REF]
+    assert "--fingerprint" not in install["command"]
+    assert install["command"][-2:] == ["--authfile", "/cachebake-auth/config.json"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
+    pod = _pod(_k8s("--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume",
+                    "--target", "sm_90"))
+    cache, overlay = pod["volumes"]
+    assert cache == {"name": "cachebake", "image": {"reference": PINNED.split("://")[1],
+                                                    "pullPolicy": "IfNotPresent"}}
+    assert overlay == {"name": "cachebake-overlay", "emptyDir": {}}
+    (server,) = pod["containers"]
+    assert {"name": "cachebake", "mountPath": ROOT, "readOnly": True} in server["volumeMounts"]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay" and "initContainers" not in pod
+
+
+def test_refusals_are_one_line():
+    with pytest.raises(BadInput, match="registry reference"):
+        manifest(PodPlan(artifact="/local", serving_image="v", pattern="image-volume", target="sm_90"))
+    with pytest.raises(BadInput, match="installer-image"):
+        manifest(PodPlan(artifact=REF, serving_image="v", target="sm_90"))
+    r = cli("k8s", "--artifact", REF, "--serving-image", "v", "--target", "sm_90", "--model", "m", "--", "x",
+            check=False)
+    assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1
+
+
+def _validate(path, version="1.35.0"):
+    exe = shutil.which("kubernetes-validate")
+    if not exe:
+        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate; .ci/containers.sh does)")
+    return subprocess.run([exe, "-k", version, "--strict", str(path)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("pattern, kind", [("init", "deployment"), ("init", "pod"),
+                                           ("image-volume", "deployment"), ("image-volume", "pod")])
+def test_manifests_pass_the_kubernetes_1_35_schema(pattern, kind, tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(cli("k8s", "--artifact", PINNED, "--serving-image", "vllm:1", "--installer-image", "i:1",
+                        "--pattern", pattern, "--kind", kind, "--target", "sm_90", "--model", "nemotron-h",
+                        "--pull-secret", "regcred").stdout)
+    r = _validate(path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if pattern == "image-volume":  # volumes[].image is not in older schemas
+        assert _validate(path, "1.30.0").returncode != 0
+
+
+def _podman(engines, *args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*engines.podman, *map(str, args)], capture_output=True, text=True, **kw)
+
+
+def _volume(engines, name) -> Path:
+    return Path(_podman(engines, "volume", "inspect", name, "--format", "{{.Mountpoint}}").stdout.strip())
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+@pytest.mark.parametrize("installer", ["installer-image", "serving-image"])
+def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
+        engines, container_artifact, installer_image, serving_cachebake, installer, tmp_path):
+    if not engines.podman:
+        pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
+    if not engines.private_netns:
+        pytest.skip("the Pod reaches the registry through the host network of a private network "
+                    "namespace: run under .ci/containers.sh")
+    ref = json.loads(cli("push", container_artifact, f"docker://{engines.registry}/bakes/pod",
+                         "--json").stdout)["pushed"][0]["pinned"]
+    for image in (installer_image, serving_cachebake):
+        engines.docker("push", image)
+    how = (["--installer-image", installer_image] if installer == "installer-image"
+           else ["--install-in-serving-image"])
+    doc = yaml.safe_load(cli(
+        "k8s", "--kind", "pod", "--name", "cbpod", "--artifact", ref, "--serving-image", serving_cachebake,
+        *how, "--target", "sm_90", "--gpus", "0",
+        "--", "cachebake", "verify", "--cache", ROOT, "--json", "--", *WARMUP.split()).stdout)
+    doc["spec"]["restartPolicy"] = "Never"  # a one-shot verify in place of a server
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    volumes = [v["name"] for v in doc["spec"]["volumes"]]
+    _podman(engines, "pod", "rm", "-f", "cbpod")
+    _podman(engines, "volume", "rm", "-f", *volumes)
+    try:
+        # --network host: the namespace's own loopback, where the registry listens; no bridge.
+        play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", path, timeout=600)
+        assert play.returncode == 0, play.stderr[-3000:]
+        _podman(engines, "wait", "cbpod-cbpod", timeout=300)
+        state = json.loads(_podman(engines, "inspect", "cbpod-cbpod").stdout)[0]["State"]
+        logs = _podman(engines, "logs", "cbpod-cbpod")
+        assert state["ExitCode"] == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
+        report = verify_json(logs.stdout)
+        assert report["ok"] and report["compiles"] == 0 and report["cache_hits"] == 3
+        data = _volume(engines, "cachebake")
+        marker = json.loads((data / ".cachebake" / "current" / "install.json").read_text())
+        assert marker["serve_at"] == ROOT  # installed at /cachebake, group files for the server
+        assert data.stat().st_uid == NONROOT_UID  # the installer ran as 65534
+        if installer == "installer-image":
+            fingerprint = json.loads((_volume(engines, "cachebake-fingerprint") / "fingerprint.json").read_text())
+            # taken in the serving image (the installer has no Triton, so no Triton key)
+            assert fingerprint["triton_key"] and fingerprint["triton_version"] == "3.6.0"
+    finally:
+        _podman(engines, "pod", "rm", "-f", "cbpod")
+        _podman(engines, "volume", "rm", "-f", *volumes)
