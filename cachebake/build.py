@@ -224,11 +224,10 @@ def build(driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None
     # a server started with the same pinned env) hits without rewriting anything.
     options.setdefault("layer_root", str(benv.root))
     bake = report.to_dict()
-    # The vllm driver leaves its record (model identity and path, the exact serve args, the
-    # limits vLLM resolved, the request plan) beside the monitor's log: it becomes part of the
-    # bake section, where `serve-args` and `inspect` read it.
-    record = work / "vllm-bake.json"
-    if record.is_file():
+    # A driver leaves its record beside the monitor's log (vllm: model identity and path, the
+    # exact serve args, the limits vLLM resolved, the request plan; kernels: the engine plan
+    # and steps): it becomes part of the bake section, where `serve-args` and `inspect` read it.
+    for record in sorted(work.glob("*-bake.json")):
         bake.update(json.loads(record.read_text()))
     packed = pack_artifact(cache_roots, Path(out), target=target, bake=bake, **options)
     return report, packed
