@@ -10,7 +10,7 @@ strides, storage offset, 16-byte pointer alignment and (for integer tensors) val
 values as they are.  Nothing is launched: no GPU is needed, only the real ``vllm`` package.
 
 Used by tests/test_plan_vllm.py (the kernels driver's calls must equal these) and by
-bench/engine_check/trace.py (the traces bench/engine_check/replay.py launches on a GPU).
+bench/engine_check/record_trace.py (the traces bench/engine_check/replay.py launches on a GPU).
 Model Runner V2's input preparation (persistent query_start_loc / seq_lens / block-table
 buffers, dummy batches for capture) is mirrored here from vllm/v1/worker/gpu/, written
 independently of cachebake's driver.

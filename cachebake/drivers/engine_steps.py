@@ -15,12 +15,14 @@ start-up (what ``vllm serve`` runs before it accepts a request, Model Runner V2)
     uniform-decode size.  The memory-profiling capture before it repeats a subset of these
     on a smaller KV cache; it only matters when that cache has a single block.
 
-serving (what users' traffic adds; every step is one the scheduler can form):
+serving (what users' traffic adds; every step is one the scheduler can form, its rows in
+Model Runner V2's batch order, ``batch_order``):
   * first prefills of one prompt around the SSD chunk boundaries and of several prompts;
   * prompts longer than ``max_num_batched_tokens``: the first chunk, then continuations
     that start from the saved state (``HAS_INITSTATES``), on and off a chunk boundary;
-  * mixed steps, decodes before a prefill, for every decode count whose pointers fall in a
-    new 16-byte alignment class (the prefill's state indices are ``table[num_decodes:, 0]``);
+  * mixed steps, decodes before a prefill, for every joint 16-byte alignment class of the
+    pointers that move with the decode rows (the prefill's state indices are
+    ``table[num_decodes:, 0]``) and decode tokens (its rows of in_proj's and the SSD output);
   * mixed steps at each decode count that picks another selective-state-update launch config
     (resolved on the GPU from vLLM's per-GPU tables, see ``mamba2_ops``);
   * eager decode-only batches larger than the biggest FULL graph, when ``max_num_seqs``
@@ -73,6 +75,18 @@ class Step:
     @property
     def num_tokens(self) -> int:
         return sum(r.scheduled for r in self.rows)
+
+
+def batch_order(rows, decode_query_len: int) -> tuple[Row, ...]:
+    """Model Runner V2's batch order (sort_batch_req_ids in vllm/v1/worker/gpu/model_runner.py):
+    rows with speculative drafts first, then rows of exactly ``decode_query_len`` tokens, then
+    by token count; ties keep the scheduler's order.  A decoding row of n > 1 tokens carries
+    n - 1 drafts."""
+    def key(r: Row):
+        drafts = r.scheduled - 1 if not r.prefilling and r.scheduled > 1 else 0
+        return (not drafts, r.scheduled != decode_query_len, r.scheduled)
+
+    return tuple(sorted(rows, key=key))
 
 
 def _dummy_rows(num_reqs: int, num_tokens: int) -> tuple[Row, ...]:
@@ -128,7 +142,7 @@ def startup_steps(plan: dict[str, Any]) -> list[Step]:
             continue
         seen.add(shape)
         steps.append(Step(f"startup/warmup-kernels/decode/{_lens_label(shape)}", "startup",
-                          rows=tuple(Row(computed, t, False) for t in shape)))
+                          rows=batch_order([Row(computed, t, False) for t in shape], q)))
         computed += q
     steps += _capture_steps(plan, profiling=False)
     return steps
@@ -201,7 +215,7 @@ def serving_steps(plan: dict[str, Any]) -> list[Step]:
             return
         if any(r.seq_len > max_len for r in rows):
             return
-        steps.append(Step(label, "serve", rows=tuple(rows), **kw))
+        steps.append(Step(label, "serve", rows=batch_order(rows, q), **kw))
 
     # One prompt, first chunk: lengths below, at and above one and two SSD chunks.
     for n in sorted({1, 17, 100, c - 1, c, c + 1, 2 * c + 1, 4 * c + 3, budget}):
@@ -231,7 +245,8 @@ def serving_steps(plan: dict[str, Any]) -> list[Step]:
         add(f"serve/mixed/{tag}/continue=100@{c + 37}", decoding(shape) + [Row(c + 37, 100, True)])
     # A decode count per selective-state-update launch config: the GPU side picks them.
     add("serve/mixed/ssu-batches", [dec(0), Row(0, 17, True)], ssu_batch=True,
-        notes={"decode_counts": "resolved on the GPU", "max_decodes": min(max_reqs - 1, budget - 17)})
+        notes={"decode_counts": "resolved on the GPU",
+               "max_decodes": min(max_reqs - 1, (budget - 17) // q)})
 
     # Decode-only batches the FULL graphs do not cover run eagerly at their exact size.
     largest = cg["decode_cudagraph_max_bs"] if "FULL" in cg["mode"] else 0

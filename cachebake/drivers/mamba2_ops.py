@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cachebake.drivers.engine_steps import Row, Step
+from cachebake.drivers.engine_steps import Row, Step, batch_order
 from cachebake.drivers.mamba_metadata import IntView, MambaMetadata, build_metadata
 
 # State blocks the driver allocates: block ids only have to address existing slots (they
@@ -117,7 +117,7 @@ class EngineMixer:
         q = spec["decode_query_len"]
         prefill = step.rows[-1]
         return [Step(f"{step.label}/decodes={n}", step.phase,
-                     rows=tuple(Row(1000 + i, q, False) for i in range(n)) + (prefill,))
+                     rows=batch_order([Row(1000 + i, q, False) for i in range(n)] + [prefill], q))
                 for n in sorted(seen.values())]
 
     def run(self, step: Step) -> None:

@@ -144,7 +144,10 @@ def build_metadata(plan: dict[str, Any], step: Step, first_block: int = 1) -> Ma
         state_d = table_view(0, num_decodes, q)
         if spec_on:
             qsl_d = IntView(tuple(qsl[: num_decodes + 1]), (num_decodes + 1,), (1,), 0, max_reqs + 1)
-            accepted = IntView.fresh([1] * num_decodes)
+            # FULL capture: diff(query_start_loc); otherwise the model state's counts (1 for a
+            # request that has not decoded yet).  Values never enter a kernel key.
+            counts = [r.scheduled for r in rows] if step.capture else [1] * num_reqs
+            accepted = IntView(tuple(counts[:num_decodes]), (num_decodes,), (1,), 0, num_reqs)
     state_p = qsl_p = has_init = None
     cu = seq_idx = last = conv = ckpt = None
     prep = False
