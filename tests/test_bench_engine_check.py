@@ -57,8 +57,9 @@ def test_batch_order_is_vllms(q):
     tokens = {f"r{i}": n for i, (n, _) in enumerate(reqs)}
     drafts = {f"r{i}": [7] * d for i, (_, d) in enumerate(reqs) if d}
     want = [tokens[r] for r in sort_batch_req_ids(tokens, drafts, q)]
-    rows = [Row(10 if d else 0, n, not d and n > 1 and n != q) for n, d in reqs]
-    # the driver: a decoding row of n > 1 tokens carries drafts
+    # a request scheduled n > 1 tokens without drafts is prefilling; the driver reads drafts
+    # off a decoding row of n > 1 tokens
+    rows = [Row(10 if d else 0, n, not d and n > 1) for n, d in reqs]
     assert [r.scheduled for r in batch_order(rows, q)] == want
     items = [(f"r{i}", n, 0, bool(d), False) for i, (n, d) in enumerate(reqs)]
     items.sort(key=lambda it: (not it[3], it[1] != q, it[1]))  # record_trace.py's key

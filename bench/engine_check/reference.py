@@ -152,7 +152,7 @@ class ReferenceLayer:
         import torch
         from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
 
-        from cachebake.plan.compute import engine_session
+        from cachebake.plan.engine import engine_session
 
         self.plan, self.torch = plan, torch
         self._stack = contextlib.ExitStack()
