@@ -163,3 +163,23 @@ def test_zamba2_plans_and_steps():
 
 def test_step_label_env_name():
     assert STEP_ENV == "CACHEBAKE_STEP"
+
+
+def test_a_plan_file_reaches_the_driver(tmp_path):
+    import json
+
+    from cachebake.drivers.command import make_driver
+    from cachebake.drivers.kernels import load_plan
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"cachebake": 1, "command": "plan", "plan": _default("zamba2")}))
+    drv = make_driver("kernels", None, model="zamba2", plan=str(path))
+    assert drv.kwargs == {"model": "zamba2", "plan": str(path)}
+    recipe, plan, source = load_plan("zamba2", plan=str(path))
+    assert plan == _default("zamba2") and source == f"file {path}"
+    with pytest.raises(BadInput, match="not for nemotron-h:8b"):
+        load_plan("nemotron-h", plan=str(path))
+    with pytest.raises(BadInput, match="for --driver kernels"):
+        make_driver("vllm", None, model="zamba2", plan=str(path))
+    with pytest.raises(BadInput, match="no such engine plan"):
+        make_driver("kernels", None, model="zamba2", plan=str(tmp_path / "nope.json"))

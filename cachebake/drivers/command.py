@@ -67,7 +67,7 @@ class InProcessDriver:
 
 def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
                 model: str | None = None, tp: int | None = None, serve_args: str | None = None,
-                model_dir: str | None = None):
+                model_dir: str | None = None, plan: str | None = None):
     """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` with ``--model``."""
     if cmd:
         if driver not in (None, "command"):
@@ -94,6 +94,12 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         if driver != "vllm":
             raise BadInput("--model-dir is for --driver vllm")
         kwargs["model_dir"] = os.path.abspath(model_dir)
+    if plan is not None:  # an engine plan file (`cachebake plan --json`): kernels driver only
+        if driver != "kernels":
+            raise BadInput("an engine plan file is for --driver kernels")
+        if not os.path.isfile(plan):
+            raise BadInput(f"{plan}: no such engine plan file")
+        kwargs["plan"] = os.path.abspath(plan)
     return InProcessDriver(driver, function, kwargs)
 
 
