@@ -35,7 +35,7 @@ def main() -> None:
 
     t = time.perf_counter()
     first: list[float] = []
-    run_sweep(a.model, verbose=False, on_case=lambda case: first or first.append(time.perf_counter()))
+    run_sweep(a.model, verbose=False, on_step=lambda step: first or first.append(time.perf_counter()))
     end = time.perf_counter()
     sweep, startup = end - first[0], first[0] - t
     s = monitor.summary(a.log)

@@ -172,6 +172,9 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 @click.option("--layer-root", type=ABSOLUTE_PATH,
               help="Absolute path the server mounts the cache at (default: the bake root).")
 @click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
+@click.option("--plan", "plan_file", type=click.Path(exists=True, dir_okay=False),
+              help="--driver kernels: an engine plan file (`cachebake plan --json`), for a "
+                   "builder without vLLM whose serve args have no stored plan.")
 @click.option("--seed", type=click.Path(exists=True), help="An artifact or record: precompile its launches before round 1.")
 @click.option("--jobs", type=POSITIVE_INT, default=None, help="Processes for --seed (default: all cores).")
 @click.option("--retune", is_flag=True, help="--seed: do not carry its autotune results (benchmark afresh).")
@@ -183,17 +186,17 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
-          quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, seed, jobs, retune,
-          gpu_name, image, gpus, as_json, cmd):
+          quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, plan_file, seed, jobs,
+          retune, gpu_name, image, gpus, as_json, cmd):
     """Check everything, run a warmup under the compile monitor until rounds stop compiling,
     then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
     from cachebake.drivers.command import default_out
 
     if image:
-        if seed or jobs or retune or gpu_name:
+        if seed or jobs or retune or gpu_name or plan_file:
             from cachebake.errors import BadInput
 
-            raise BadInput("--seed, --jobs, --retune and --gpu-name do not apply with --image")
+            raise BadInput("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
         _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
                         model=model, driver=driver, tp=tp, serve_args=serve_args,
                         model_dir=model_dir, target=target, until_stable=until_stable,
@@ -208,7 +211,8 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
     from cachebake.roles import DEFAULT_ROOT
 
     out_ = output(as_json)
-    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
+                      plan=plan_file)
     with PackProgress() as bar:
         report = run_build(drv, out=out or default_out(model), root=root or DEFAULT_ROOT,
                            target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
@@ -305,6 +309,24 @@ def recipes_cmd(as_json):
     from cachebake.reports import RecipesReport
 
     output(as_json).emit(RecipesReport(list_recipes()), render=render_recipes)
+
+
+@main.command("plan")
+@click.option("--model", default="nemotron-h", show_default=True,
+              help="Recipe (name[:variant]), model directory or config.json.")
+@click.option("--serve-args", "serve_args", default=None,
+              help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the serve args').")
+@click.option("--gpu-memory", "gpu_memory", default=None,
+              help="GPU memory in GiB or a class (h200, h100; default h200).")
+@click.option("--stored", is_flag=True, help="Only the stored plan (never compute; no vllm needed).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report (with the whole plan) as JSON.")
+def plan_cmd(model, serve_args, tp, gpu_memory, stored, as_json):
+    """What vLLM's engine will hand its Mamba2 kernels: block and page sizes, state views,
+    block table, CUDA-graph sizes, warm-up batch (computed with vllm, CPU is enough)."""
+    from cachebake.plan.report import make_plan_report
+
+    output(as_json).emit(make_plan_report(model, tp, serve_args, gpu_memory, stored_only=stored))
 
 
 @main.command("serve-args")

@@ -98,6 +98,14 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
         for name, n in sorted(names.items(), key=lambda kv: (-kv[1], kv[0])):
             kt.add_row(escape(name), str(n))
         console.print(kt)
+    # The bake record names the engine step that compiled each specialization (kernels driver).
+    by_step = [(e.get("kernel", "?"), e["step"]) for e in m.bake.get("events", [])
+               if e.get("kind") == "compile" and e.get("step")]
+    if by_step:
+        st = Table("kernel", "engine step that needs it", title="specializations by engine step")
+        for kernel, step in by_step:
+            st.add_row(kernel, step)
+        console.print(st)
     for d in m.inventory.dropped:
         console.print(f"[yellow]dropped[/] {escape(d['path'])}: {escape(d['reason'])}")
 

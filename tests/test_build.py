@@ -191,9 +191,12 @@ def test_cli_build_with_a_driver_function(tmp_path, monkeypatch):
     (tmp_path / "fake_driver.py").write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport aot\n"
         "from cachebake.capture import monitor\n"
+        "import json, os, pathlib\n"
         "def run_sweep(model, tp=1):\n"
         "    with monitor.step(f'{model} tp{tp}'):\n"
-        "        aot.compile_round(blocks=(32, 64))\n")
+        "        aot.compile_round(blocks=(32, 64))\n"
+        "    log = pathlib.Path(os.environ['CACHEBAKE_MONITOR_LOG'])\n"
+        "    (log.parent / 'kernels-bake.json').write_text(json.dumps({'engine_steps': ['a', 'b']}))\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for the rounds
     monkeypatch.syspath_prepend(str(tmp_path))  # for the availability check here
     monkeypatch.setitem(DRIVER_FUNCTIONS, "kernels", "fake_driver:run_sweep")
@@ -206,3 +209,11 @@ def test_cli_build_with_a_driver_function(tmp_path, monkeypatch):
     assert bake["driver"] == "kernels" and bake["model"] == "nemotron-h" and bake["tp"] == 2
     assert [r["compiles"] for r in bake["per_round"]] == [2, 0, 0]
     assert {e["step"] for e in bake["events"]} == {"nemotron-h tp2"}
+    # The driver's record joins the manifest's bake section; inspect names each
+    # specialization's engine step.
+    shown = CliRunner().invoke(main, ["inspect", str(out), "--json"])
+    manifest_bake = json.loads(shown.stdout)["bakes"][0]["manifest"]["bake"]
+    assert manifest_bake["engine_steps"] == ["a", "b"]
+    text = CliRunner().invoke(main, ["inspect", str(out)])
+    assert text.exit_code == 0 and "specializations by engine step" in text.output
+    assert text.output.count("nemotron-h tp2") == 2  # one row per compiled specialization

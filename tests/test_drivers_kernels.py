@@ -1,143 +1,185 @@
-"""The kernels driver on CPU: it imports without torch or vllm, reads a model's shapes, splits
-them per TP rank as vLLM does, and plans the cases a bake needs (the GPU run is bench's)."""
+"""The kernels driver on CPU: engine steps and their metadata from every stored engine plan.
+
+The GPU half (mamba2_ops) is exercised against vLLM's own layer in tests/test_plan_vllm.py
+and on a GPU by bench/gpu_engine_proof.sh; these need neither torch nor vllm."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from cachebake.recipes import load_recipe
+from cachebake.capture.env import STEP_ENV
+from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes, plan_steps
+from cachebake.drivers.kernels import check_plan_matches
+from cachebake.drivers.mamba_metadata import build_metadata, chunk_metadata
+from cachebake.errors import BadInput, ExitCode
+from cachebake.plan.store import load_store, stored_plan
+from cachebake.recipes import list_recipes, load_recipe
 
-NEMOTRON_H_8B_CONFIG = load_recipe("nemotron-h:8b").hf_config
-
-from cachebake.drivers.kernels import (
-    STEP_ENV,
-    ModelShapes,
-    chunk_metadata,
-    load_shapes,
-    plan_sweep,
-)
-from cachebake.errors import BadInput
+NO_TORCH = "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
 
 
-@pytest.fixture
-def nemotron() -> ModelShapes:
-    return ModelShapes.from_config(NEMOTRON_H_8B_CONFIG)
+def _all_plans():
+    out = []
+    for r in list_recipes():
+        for name, entry in load_store(r.name)["variants"][r.variant].items():
+            if "plan" in entry:
+                out.append(pytest.param(entry["plan"], id=f"{r.ref}/{name}"))
+    return out
 
 
-def test_module_imports_and_plans_without_torch_or_vllm():
-    # None in sys.modules makes `import torch` / `import vllm` raise ImportError.
-    code = (
-        "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
-        "from cachebake.drivers import kernels as k\n"
-        "print(len(k.plan_sweep(k.load_shapes('nemotron-h'))))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert int(out.stdout) > 256
+def _default(ref: str):
+    r = load_recipe(ref)
+    return stored_plan(r, r.serve_args)
 
 
-def test_cli_plan_prints_labels_without_a_gpu():
-    out = subprocess.run(
-        [sys.executable, "-m", "cachebake.drivers.kernels", "--model", "nemotron-h", "--plan",
-         "--max-num-seqs", "8"],
-        capture_output=True, text=True, check=True,
-    )
+def _run(*args, code: str = NO_TORCH):
+    return subprocess.run([sys.executable, "-c", code + "from cachebake.drivers.kernels import main; "
+                           "sys.exit(main(sys.argv[1:]))", *args], capture_output=True, text=True)
+
+
+def test_lists_engine_steps_without_torch_or_vllm():
+    out = _run("--model", "nemotron-h", "--list")
+    assert out.returncode == 0, out.stderr
     labels = out.stdout.split()
-    assert "decode/bs=8" in labels and "conv/offset=7/lens=100" in labels
+    assert labels[0] == "#" and "startup/profile-run/ssd-warmup/init=1/final=1" in labels
+    assert "startup/warmup-kernels/prefill/256x2" in labels
+    assert any(x.startswith("serve/mixed/decodes=3/") for x in labels)
+    assert any(x.startswith("serve/prefix/checkpoint/") for x in labels)
 
 
-def test_nemotron_h_8b_shapes(nemotron):
-    s = nemotron
-    assert (s.num_heads, s.head_dim, s.n_groups, s.d_state) == (128, 64, 8, 128)
-    assert (s.conv_kernel, s.chunk_size, s.activation) == (4, 128, "silu")
-    assert (s.act_dtype, s.conv_state_dtype, s.ssm_state_dtype) == ("bfloat16", "bfloat16", "float32")
-    assert s.rank_intermediate == 8192
-    assert s.rank_conv_dim == 8192 + 2 * 8 * 128
-    assert s.rank_proj_dim == 18560  # in_proj 4096 -> 18560 in the checkpoint
-    assert not s.uses_triton_gated_norm  # 8 groups: vLLM runs the gated norm as torch ops
+def test_unstored_serve_args_without_vllm_is_one_line():
+    out = _run("--model", "nemotron-h", "--serve-args", "--max-num-seqs 64", "--list")
+    assert out.returncode == ExitCode.UNSUPPORTED
+    assert out.stderr.count("\n") == 1 and "cachebake plan" in out.stderr
 
 
-@pytest.mark.parametrize("tp, heads, groups", [(1, 128, 8), (2, 64, 4), (4, 32, 2), (8, 16, 1)])
-def test_per_rank_split(nemotron, tp, heads, groups):
-    s = nemotron.with_tp(tp)
-    assert (s.rank_heads, s.rank_groups) == (heads, groups)
-    assert s.rank_proj_dim * tp == 18560
-    assert ModelShapes.from_config(NEMOTRON_H_8B_CONFIG, tp) == s
-    plan = plan_sweep(nemotron, tp=tp)
-    assert plan == plan_sweep(s)
-
-
-def test_refuses_tp_that_does_not_divide_heads(nemotron):
-    with pytest.raises(BadInput, match="heads do not divide by tp=3"):
-        ModelShapes.from_config(NEMOTRON_H_8B_CONFIG, tp=3)
-    with pytest.raises(BadInput):
-        plan_sweep(nemotron, tp=3)
-
-
-def test_groups_split_like_vllm():
-    cfg = dict(NEMOTRON_H_8B_CONFIG, n_groups=8, mamba_num_heads=64)
-    with pytest.raises(BadInput, match="groups do not divide by tp=16"):
-        ModelShapes.from_config(cfg, tp=16)
-    one = ModelShapes.from_config(dict(NEMOTRON_H_8B_CONFIG, n_groups=1), tp=4)
-    assert one.rank_groups == 1  # a single group is replicated on every rank
-    assert not one.uses_triton_gated_norm
-    assert ModelShapes.from_config(dict(NEMOTRON_H_8B_CONFIG, n_groups=1)).uses_triton_gated_norm
-
-
-def test_generic_mamba2_config_and_config_path(tmp_path):
-    cfg = {"model_type": "mamba2", "num_heads": 48, "head_dim": 64, "n_groups": 1,
-           "state_size": 128, "conv_kernel": 4, "chunk_size": 256, "torch_dtype": "float16"}
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava_mamba2", "text_config": cfg}))
-    s = load_shapes(str(tmp_path))
-    assert (s.num_heads, s.d_state, s.chunk_size, s.ssm_state_dtype) == (48, 128, 256, "float16")
-    with pytest.raises(BadInput, match="unknown model"):
-        load_shapes(str(tmp_path / "nope"))
-    with pytest.raises(BadInput, match="power of 2"):
-        ModelShapes.from_config(dict(cfg, chunk_size=100))
-
-
-def test_plan_covers_the_specializations_a_server_meets(nemotron):
-    cases = plan_sweep(nemotron, max_num_seqs=256, max_num_batched_tokens=8192)
-    labels = [c.label for c in cases]
+@pytest.mark.parametrize("plan", _all_plans())
+def test_every_stored_plan_plans_a_sweep(plan):
+    """Every recipe variant x TP x prefix caching x speculative decoding: the steps are ones
+    the scheduler can form, and vLLM's builder logic turns each into consistent metadata."""
+    steps = plan_steps(plan)
+    sched, spec, cg = plan["scheduler"], plan["spec"], plan["cudagraph"]
+    labels = [s.label for s in steps]
     assert len(labels) == len(set(labels))
-    c = nemotron.chunk_size
-    single = {c_.seq_lens[0] for c_ in cases if c_.kind == "prefill" and len(c_.seq_lens) == 1
-              and not c_.has_initial_states}
-    assert {1, c - 1, c, c + 1, 2 * c - 1, 2 * c, 2 * c + 1, 8192} <= single
-    assert any(c_.kind == "prefill" and len(c_.seq_lens) > 1 for c_ in cases)  # varlen batches
-    # HAS_INITSTATES x final-state writes, all four
-    variants = {(c_.has_initial_states, c_.final_states) for c_ in cases if c_.kind == "prefill"}
-    assert variants == {(False, True), (False, False), (True, True), (True, False)}
-    # chunked-prefill continuations both on and off a chunk boundary
-    computed = {x for c_ in cases for x in c_.computed if x}
-    assert any(x % c == 0 for x in computed) and any(x % c for x in computed)
-    assert sorted(c_.conv_offset for c_ in cases if c_.kind == "conv") == list(range(8))
-    decode = [c_.decode_batch for c_ in cases if c_.kind == "decode"]
-    assert decode == list(range(1, 257))  # 1, every non-multiple and multiple of 16
-    assert any(c_.kind == "mixed" and c_.decode_batch and c_.seq_lens for c_ in cases)
+    assert sum(s.kind == "ssd_warmup" for s in steps) == 4
+    captures = [s for s in steps if s.label.startswith("startup/capture/")]
+    assert len(captures) == len(cg["captures"]["PIECEWISE"]) + len(cg["captures"]["FULL"])
+    q, table_cols = spec["decode_query_len"], None
+    for s in steps:
+        if s.kind != "forward":
+            continue
+        assert 0 < len(s.rows) <= sched["max_num_seqs"]
+        assert s.num_tokens <= max(sched["max_num_batched_tokens"], cg["max_capture_size"])
+        assert all(r.seq_len <= sched["max_model_len"] for r in s.rows)
+        m = build_metadata(plan, s)
+        assert m.num_decodes + m.num_prefills == len(s.rows) and m.num_actual_tokens == s.num_tokens
+        if m.state_indices_p is not None:
+            table_cols = m.state_indices_p.stride[0]
+            assert m.state_indices_p.offset == m.num_decodes * table_cols
+        if m.num_prefills == 0 and m.num_decodes <= cg["decode_cudagraph_max_bs"]:
+            # decode-only: the builder's persistent (max_bs, 1 + k) buffer
+            assert m.state_indices_d.stride == (q, 1) and m.state_indices_d.buffer == cg["decode_cudagraph_max_bs"] * q
+        if m.checkpoint is not None:
+            rows = s.rows[m.num_decodes:]
+            for r, off in zip(rows, m.checkpoint.offsets.values):
+                assert off == 0 or 0 < off < r.scheduled
+    serve = [s.label for s in steps if s.phase == "serve"]
+    align = plan["cache"]["mamba_cache_mode"] == "align"
+    assert any("/prefix/checkpoint/" in x for x in serve) == align
+    assert any(x.startswith("serve/spec/") for x in serve) == (spec["num_speculative_tokens"] > 0)
 
 
-def test_plan_respects_scheduler_limits(nemotron):
-    cases = plan_sweep(nemotron, max_num_seqs=24, max_num_batched_tokens=512)
-    assert max(c.decode_batch for c in cases if c.kind == "decode") == 24
-    for case in cases:
-        assert case.num_tokens <= 512
-        assert case.decode_batch + len(case.seq_lens) <= 24  # state slots in use
-    with pytest.raises(BadInput):
-        plan_sweep(nemotron, max_num_seqs=0)
+def test_mixed_steps_meet_every_index_alignment_class():
+    plan = _default("nemotron-h:8b")
+    offsets = set()
+    for s in plan_steps(plan):
+        if s.label.startswith("serve/mixed/decodes="):
+            m = build_metadata(plan, s)
+            offsets.add(m.state_indices_p.offset * 4 % 16)
+    assert offsets == {0, 4, 8, 12}  # table[num_decodes:, 0] of an int32 table one column wide
+
+
+def test_decode_shapes_cover_token_classes_for_an_odd_width():
+    r = load_recipe("falcon-h1:7b")
+    plan = load_store(r.name)["variants"]["7b"]["tp=4,prefix=default,spec=ngram"]["plan"]
+    assert plan["mixer"]["in_proj_width"] == 2054  # 4108 bytes a row: 16-byte class moves by 4
+    rows_p, tok_p = alignment_periods(plan)
+    assert (rows_p, tok_p) == (1, 4)
+    seen = {(len(sh), sum(sh) % tok_p) for sh in decode_shapes(plan)}
+    assert {t for _, t in seen} == {0, 1, 2, 3}
+    assert all(1 <= t <= plan["spec"]["decode_query_len"] for sh in decode_shapes(plan) for t in sh)
+
+
+def test_piecewise_captures_above_max_num_seqs_run_prefills():
+    """InputBatch.make_dummy spreads a capture size over at most max_num_seqs requests: 264
+    tokens on 256 requests is 248 decodes and 8 two-token prefills; 512 is all prefills."""
+    plan = _default("nemotron-h:8b")
+    by_label = {s.label: s for s in plan_steps(plan)}
+    m = build_metadata(plan, by_label["startup/capture/piecewise/tokens=272"])
+    assert (m.num_decodes, m.num_prefills, m.num_prefill_tokens) == (240, 16, 32)
+    m = build_metadata(plan, by_label["startup/capture/piecewise/tokens=512"])
+    assert (m.num_decodes, m.num_prefills) == (0, 256)
+    m = build_metadata(plan, by_label["startup/capture/full/reqs=8/tokens=8"])
+    assert m.num_prefills == 0 and m.state_indices_d.shape == (8, 1)
+
+
+def test_long_prefill_checkpoints_on_a_block_boundary():
+    plan = _default("nemotron-h:8b")
+    step = Step("x", "serve", rows=(Row(0, 3000, True),))
+    m = build_metadata(plan, step)
+    assert m.checkpoint.offsets.values == (2080,)  # two 1040-token blocks, proof block left
+    assert 2080 in m.cu_chunk_seqlens.values  # a chunk ends on it
+    assert m.checkpoint.chunk_idx.dtype == "int64"
+    none_mode = load_store("nemotron-h")["variants"]["8b"]["tp=1,prefix=flipped,spec=off"]["plan"]
+    assert build_metadata(none_mode, step).checkpoint is None
 
 
 def test_chunk_metadata_matches_vllm_chunking():
-    assert chunk_metadata(128, (0,), (300,)) == ([0, 128, 256, 300], [0, 0, 0], [2])
+    assert chunk_metadata(128, [0], [300])[:3] == ([0, 128, 256, 300], [0, 0, 0], [2])
     # a continuation 37 tokens in: the first chunk finishes the physical chunk (91 tokens)
-    assert chunk_metadata(128, (37,), (129,)) == ([0, 91, 129], [0, 0], [1])
-    assert chunk_metadata(128, (0, 200), (300, 57)) == (
+    assert chunk_metadata(128, [37], [129])[:3] == ([0, 91, 129], [0, 0], [1])
+    assert chunk_metadata(128, [0, 200], [300, 57])[:3] == (
         [0, 128, 256, 300, 356, 357], [0, 0, 0, 1, 1], [2, 4])
-    assert chunk_metadata(128, (128,), (1,)) == ([0, 1], [0], [0])
+    # a checkpoint 200 tokens into a 300-token prefill ends a chunk there
+    cu, idx, last, ckpt = chunk_metadata(128, [0], [300], [200])
+    assert cu == [0, 128, 200, 256, 300] and ckpt == [1] and last == [3]
+
+
+def test_a_plan_for_another_model_is_refused():
+    plan = _default("nemotron-h:8b")
+    with pytest.raises(BadInput, match="not for granite-4.0-h:tiny"):
+        check_plan_matches(load_recipe("granite-4.0-h:tiny"), plan)
+    check_plan_matches(load_recipe("nemotron-h:8b"), plan)
+
+
+def test_zamba2_plans_and_steps():
+    plan = _default("zamba2")
+    assert plan["mixer"]["activation"] == "silu" and plan["mixer"]["n_groups"] == 2
+    assert len(plan_steps(plan)) > 50
 
 
 def test_step_label_env_name():
     assert STEP_ENV == "CACHEBAKE_STEP"
+
+
+def test_a_plan_file_reaches_the_driver(tmp_path):
+    import json
+
+    from cachebake.drivers.command import make_driver
+    from cachebake.drivers.kernels import load_plan
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"cachebake": 1, "command": "plan", "plan": _default("zamba2")}))
+    drv = make_driver("kernels", None, model="zamba2", plan=str(path))
+    assert drv.kwargs == {"model": "zamba2", "plan": str(path)}
+    recipe, plan, source = load_plan("zamba2", plan=str(path))
+    assert plan == _default("zamba2") and source == f"file {path}"
+    with pytest.raises(BadInput, match="not for nemotron-h:8b"):
+        load_plan("nemotron-h", plan=str(path))
+    with pytest.raises(BadInput, match="for --driver kernels"):
+        make_driver("vllm", None, model="zamba2", plan=str(path))
+    with pytest.raises(BadInput, match="no such engine plan"):
+        make_driver("kernels", None, model="zamba2", plan=str(tmp_path / "nope.json"))

@@ -110,8 +110,10 @@ def test_local_path_that_is_no_model_config(tmp_path):
 
 def test_mamba_shapes_reads_each_family_spelling():
     assert mamba_shapes({"model_type": "falcon_h1", "head_dim": 128, "mamba_d_head": 64,
-                         "mamba_n_heads": 48})["head_dim"] == 64
-    assert mamba_shapes({"layer_types": ["mamba", "attention", "mamba"]})["mamba_layers"] == 2
+                         "mamba_n_heads": 48, "mamba_d_state": 16, "hidden_size": 64})["head_dim"] == 64
+    granite = {"model_type": "granitemoehybrid", "mamba_n_heads": 4, "mamba_d_head": 8,
+               "mamba_d_state": 16, "hidden_size": 16, "layer_types": ["mamba", "attention", "mamba"]}
+    assert mamba_shapes(granite)["mamba_layers"] == 2
 
 
 def test_recipe_files_are_plain_json():

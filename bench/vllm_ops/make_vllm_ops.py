@@ -13,10 +13,14 @@ the kernel's source text, never its file path).
 Only vLLM's own files are copied; this script is what the repo keeps.  The stand-ins mirror
 the behaviour the ops ask of vLLM on a CUDA device (see STANDINS below); values that vLLM
 defines as constants (PAD_SLOT_ID, NULL_BLOCK_ID) are read from the wheel's source, not typed
-here.  Modules of the ops package that need the rest of vLLM (ssu_dispatch, scatter_states,
-ssd_checkpoint, the gdn/cutedsl kernels) are copied but will not import.
+here.  ``ssd_checkpoint`` (the prefix-caching checkpoint kernel) imports too: its only vLLM
+import is the checkpoint metadata's type, a stand-in with the real dataclass's fields.
+Modules of the ops package that need the rest of vLLM (ssu_dispatch, scatter_states, the
+gdn/cutedsl kernels) are copied but will not import.
 
 Usage:  python3 bench/vllm_ops/make_vllm_ops.py [--out DIR] [--wheel-dir DIR] [--version V]
+        python3 bench/vllm_ops/make_vllm_ops.py --from-site .../site-packages --out DIR
+(the second copies from an installed vllm, every file checked against its RECORD hashes)
 """
 
 from __future__ import annotations
@@ -284,6 +288,25 @@ def get_device_name_as_file_name(device_id: int = 0) -> str:
     return re.sub(r"[\\s/]+", "_", name)
 '''
 
+CHECKPOINT = '''
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MambaPrefillCheckpointMetadata:
+    """The fields of vllm {version}'s dataclass; ops/ssd_checkpoint.py reads
+    ``checkpoint_offsets`` and ``state_indices``."""
+
+    checkpoint_offsets: torch.Tensor
+    state_indices: torch.Tensor
+    offsets: list | None = None
+    query_lens: list | None = None
+    request_rows: torch.Tensor | None = None
+    block_cols: torch.Tensor | None = None
+'''
+
 ATTN_UTILS = '''
 # Values read from vllm {version}'s vllm/v1/attention/backends/utils.py.
 PAD_SLOT_ID = {PAD_SLOT_ID}
@@ -300,6 +323,7 @@ STANDINS = {
     "vllm/_custom_ops.py": CUSTOM_OPS,
     "vllm/utils/platform_utils.py": PLATFORM_UTILS,
     "vllm/v1/attention/backends/utils.py": ATTN_UTILS,
+    "vllm/model_executor/layers/mamba/checkpoint.py": CHECKPOINT,
 }
 
 
@@ -348,13 +372,52 @@ def module_constants(source: str, names: list[str]) -> dict[str, object]:
     return values
 
 
-def build(wheel: Path, out: Path, version: str) -> dict:
-    """Write the extract into `out` (replaced whole) and return its manifest."""
+class InstalledTree:
+    """An installed vllm (a site-packages dir) read like its wheel: the same member names,
+    each file checked against the install's RECORD hashes (so these are the wheel's bytes)."""
+
+    def __init__(self, site: Path, version: str):
+        self.site = site
+        dist = site / f"vllm-{version}.dist-info"
+        if not dist.is_dir():
+            raise SystemExit(f"{site}: no vllm-{version}.dist-info here")
+        self.dist = dist
+        self.hashes: dict[str, str] = {}
+        import csv  # RECORD is CSV: names with commas are quoted
+
+        for row in csv.reader((dist / "RECORD").read_text().splitlines()):
+            if len(row) >= 2 and row[1].startswith("sha256="):
+                self.hashes[row[0]] = row[1][len("sha256="):]
+        self.name = f"installed vllm {version} at {site}"
+
+    def namelist(self) -> list[str]:
+        return sorted(self.hashes)
+
+    def read(self, name: str) -> bytes:
+        import base64
+
+        data = (self.site / name).read_bytes()
+        want = self.hashes.get(name)
+        got = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if want is not None and got != want:
+            raise SystemExit(f"{self.site / name}: differs from the installed RECORD (modified install?)")
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def build(wheel: Path | InstalledTree, out: Path, version: str) -> dict:
+    """Write the extract into `out` (replaced whole) and return its manifest.  `wheel`: the
+    released wheel, or an installed vllm checked against its RECORD."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     copied: dict[str, str] = {}
-    with zipfile.ZipFile(wheel) as zf:
+    with (wheel if isinstance(wheel, InstalledTree) else zipfile.ZipFile(wheel)) as zf:
         names = zf.namelist()
         for name in names:
             if name.startswith(OPS_PREFIX) and not name.endswith("/"):
@@ -388,7 +451,8 @@ def build(wheel: Path, out: Path, version: str) -> dict:
     manifest = {
         "vllm_version": version,
         "wheel": wheel.name,
-        "wheel_sha256": sha256_bytes(wheel.read_bytes()),
+        "wheel_sha256": (None if isinstance(wheel, InstalledTree)
+                         else sha256_bytes(wheel.read_bytes())),
         "copied_from_wheel": copied,
         "stand_ins": sorted(written),
         "constants": consts,
@@ -404,8 +468,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output dir (put it on sys.path)")
     ap.add_argument("--wheel-dir", type=Path, default=DEFAULT_WHEEL_DIR, help="wheel cache, outside the repo")
     ap.add_argument("--version", default=DEFAULT_VERSION)
+    ap.add_argument("--from-site", type=Path, default=None,
+                    help="copy from an installed vllm (its site-packages dir) instead of the wheel")
     args = ap.parse_args(argv)
-    wheel = find_or_download_wheel(args.version, args.wheel_dir)
+    if args.from_site is not None:
+        wheel = InstalledTree(args.from_site, args.version)
+    else:
+        wheel = find_or_download_wheel(args.version, args.wheel_dir)
     manifest = build(wheel, args.out, args.version)
     n_files = len(manifest["copied_from_wheel"])
     size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())

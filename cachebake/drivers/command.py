@@ -42,7 +42,10 @@ DRIVER_NEEDS: dict[str, tuple[str, ...]] = {
     "vllm": ("triton", "vllm", "gpu"),
 }
 # The file a driver's round writes beside the monitor's log, merged into the bake section.
-DRIVER_RECORDS: dict[str, str] = {"vllm": "vllm-bake.json"}
+# The record each driver leaves beside the monitor's log, merged into the manifest's bake
+# section (vllm: model identity and path, the exact serve args, the limits vLLM resolved, the
+# request plan; kernels: the engine plan and each step's label).
+DRIVER_RECORDS: dict[str, str] = {"vllm": "vllm-bake.json", "kernels": "kernels-bake.json"}
 
 # Files that tell a full vLLM (its engine) from the ops-only slice that
 # bench/vllm_ops/make_vllm_ops.py builds, located without importing vllm (seconds, and torch).
@@ -191,9 +194,11 @@ def default_out(model: str | None) -> str:
 
 def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
                 model: str | None = None, tp: int | None = None,
-                serve_args: dict | str | None = None, model_dir: str | None = None):
+                serve_args: dict | str | None = None, model_dir: str | None = None,
+                plan: str | None = None):
     """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` (default:
-    ``default_driver()``) with ``--model``, which must name a recipe or a model config."""
+    ``default_driver()``) with ``--model``, which must name a recipe or a model config.
+    ``plan``: an engine plan file (`cachebake plan --json`), kernels driver only."""
     if cmd:
         if driver not in (None, "command"):
             raise BadInput(f"give either --driver {driver} or -- CMD, not both")
@@ -224,6 +229,12 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         if driver != "vllm":
             raise BadInput("--model-dir is for --driver vllm")
         kwargs["model_dir"] = os.path.abspath(model_dir)
+    if plan is not None:  # an engine plan file (`cachebake plan --json`): kernels driver only
+        if driver != "kernels":
+            raise BadInput("an engine plan file is for --driver kernels")
+        if not os.path.isfile(plan):
+            raise BadInput(f"{plan}: no such engine plan file")
+        kwargs["plan"] = os.path.abspath(plan)
     return InProcessDriver(driver, function, kwargs)
 
 

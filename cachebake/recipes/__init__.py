@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebake.errors import BadInput
+from cachebake.recipes.model_keys import mamba_hparams
 
 RECIPE_DIR = Path(__file__).resolve().parent
 
@@ -58,45 +59,26 @@ class Recipe:
 
     def identity(self) -> dict[str, Any]:
         """What the manifest records about the model (the bake section's ``model``)."""
+        try:
+            shapes: dict[str, Any] | None = self.mamba_shapes()
+        except BadInput:  # not a Mamba2 family: the vllm driver still bakes it
+            shapes = None
         return {
             "recipe": self.ref,
             "model_id": self.model_id,
             "source_url": self.source_url,
             "architecture": self.architecture,
-            "mamba": self.mamba_shapes(),
+            "mamba": shapes,
         }
 
 
-# Config keys spelled differently per family; the first present wins.
-_SHAPE_KEYS: dict[str, tuple[str, ...]] = {
-    "heads": ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads", "num_heads"),
-    "head_dim": ("mamba_head_dim", "mamba_d_head", "mamba_headdim", "head_dim"),
-    "groups": ("n_groups", "mamba_n_groups", "mamba_ngroups", "mamba_num_groups"),
-    "d_state": ("ssm_state_size", "mamba_d_state", "state_size"),
-    "conv": ("conv_kernel", "mamba_d_conv"),
-    "chunk": ("chunk_size", "mamba_chunk_size"),
-}
-
-
 def mamba_shapes(cfg: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for what, keys in _SHAPE_KEYS.items():
-        for k in keys:
-            if cfg.get(k) is not None:
-                out[what] = cfg[k]
-                break
-    if cfg.get("model_type") == "falcon_h1" and "head_dim" in out:
-        # Falcon-H1's top-level head_dim is the attention head; the SSM head is mamba_d_head.
-        out["head_dim"] = cfg.get("mamba_d_head", out["head_dim"])
-    if "hybrid_override_pattern" in cfg:
-        out["mamba_layers"] = cfg["hybrid_override_pattern"].count("M")
-    elif "layer_types" in cfg:
-        out["mamba_layers"] = sum(1 for t in cfg["layer_types"] if t == "mamba")
-    elif "layers_block_type" in cfg:
-        out["mamba_layers"] = len(cfg["layers_block_type"])  # every Zamba2 layer has a Mamba block
-    elif "num_hidden_layers" in cfg:
-        out["mamba_layers"] = cfg["num_hidden_layers"]
-    return out
+    """The Mamba2 shapes a bake is specialized on, in the short names ``cachebake recipes``
+    shows; read through the one config reader (``model_keys``) the kernels driver uses too."""
+    hp = mamba_hparams(cfg)
+    return {"heads": hp["num_heads"], "head_dim": hp["head_dim"], "groups": hp["n_groups"],
+            "d_state": hp["d_state"], "conv": hp["conv_kernel"], "chunk": hp["chunk_size"],
+            "mamba_layers": hp["mamba_layers"]}
 
 
 def _load_family(path: Path) -> dict[str, Any]:
