@@ -435,11 +435,14 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
 @click.option("--pull-secret", help="dockerconfigjson Secret: image pulls and the installer's registry login.")
 @click.option("--tls-verify/--no-tls-verify", default=None,
               help="init: the installer's registry TLS (default: yes, except loopback registries).")
+@click.option("--vllm-role/--no-vllm-role", default=True, show_default=True,
+              help="image-volume: the bake has a vllm role, copied to a writable emptyDir at ROOT/vllm "
+                   "(the image's roles are not visible here; `cachebake inspect` lists them).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
-        name, root, gpus, kind, pull_secret, tls_verify, fmt, as_json, cmd):
+        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, fmt, as_json, cmd):
     """Kubernetes manifests that give a vLLM server its bake: an init container filling an
     emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
     from cachebake.distribute.k8s import ManifestReport, PodPlan, manifest, render, server_command
@@ -448,7 +451,8 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
     plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
                    installer_image=installer_image, install_in_serving_image=install_in_serving_image,
                    name=name, root=str(root or DEFAULT_ROOT), command=server_command(model, cmd),
-                   gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify)
+                   gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify,
+                   vllm_role=vllm_role)
     doc, notes = manifest(plan)
     output(as_json).emit(ManifestReport(render(doc, notes, fmt), doc, notes))
     for note in notes:
