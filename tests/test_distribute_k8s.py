@@ -7,8 +7,11 @@ The image-volume Pod cannot run here: podman 4.3's kube play knows hostPath, con
 emptyDir and persistentVolumeClaim volumes only ("HostPath, ConfigMap, EmptyDir, and
 PersistentVolumeClaim are currently the only supported VolumeSource").  So its vllm-role copy
 is played with the bake image's tree (the pushed layer, unpacked) as a read-only hostPath in
-place of the image volume: the copy container, the emptyDir mounted inside the read-only
-mount, and what the server then reads and writes are real; the image volume itself is not."""
+place of the image volume, and the role's emptyDir as a hostPath directory made as the kubelet
+makes an emptyDir (root's, mode 0777; podman would chown its own emptyDir to the first
+container's user, which hides what a non-root copy may not do on Kubernetes).  The copy
+container, the mount inside the read-only mount, and what the server then reads and writes are
+real; the image volume and the kubelet are not."""
 
 import errno
 import hashlib
@@ -87,10 +90,11 @@ def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
     env = {e["name"]: e["value"] for e in server["env"]}
     assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay"
     assert env["VLLM_CACHE_ROOT"] == f"{ROOT}/vllm" and env["TRITON_CACHE_DIR"] == f"{ROOT}/triton"
-    # Filled by a plain cp -a in the serving image, from the image mounted read-only elsewhere.
+    # Filled by cp -a in the serving image, from the image mounted read-only elsewhere.
     (copy,) = pod["initContainers"]
     assert copy["image"] == "vllm:1"
-    assert copy["command"] == ["cp", "-a", "/cachebake-image/vllm/.", "/cachebake-vllm/"]
+    assert copy["command"] == ["find", "/cachebake-image/vllm", "-mindepth", "1", "-maxdepth", "1",
+                               "-exec", "cp", "-a", "{}", "/cachebake-vllm/", ";"]
     assert copy["volumeMounts"] == [{"name": "cachebake", "mountPath": "/cachebake-image", "readOnly": True},
                                     {"name": "cachebake-vllm", "mountPath": "/cachebake-vllm"}]
     sc = copy["securityContext"]
@@ -218,9 +222,10 @@ def tree(d):
             for p, _, fs in os.walk(d) for f in fs}
 out = {"vllm": tree(root + "/vllm"), "owner": os.stat(root + "/vllm/torch_compile_cache").st_uid,
        "env": os.environ["VLLM_CACHE_ROOT"]}
-# Inductor saves beside the files it loads (README, Moving a vLLM bake): a new file in the role.
-with open(root + "/vllm/torch_compile_cache/written-by-the-server", "w") as f:
-    f.write("ok")
+# Inductor saves beside the files it loads (README, Moving a vLLM bake): new files in the role.
+for d in ("/vllm", "/vllm/torch_compile_cache"):
+    with open(root + d + "/written-by-the-server", "w") as f:
+        f.write("ok")
 try:
     open(root + "/triton/written-by-the-server", "w")
     out["triton"] = "writable"
@@ -260,11 +265,16 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, tmp_
     doc = yaml.safe_load(cli(
         "k8s", "--kind", "pod", "--name", "cbvol", "--pattern", "image-volume", "--serving-image", serving,
         "--artifact", f"docker://{engines.registry}/bakes/vol:sm_90", "--target", "sm_90", "--gpus", "0",
-        "--", "python3", "-c", _SERVER_CHECK).stdout)
+        "--", "python3", "-c", _SERVER_CHECK.strip()).stdout)  # (podman 4.3 misreads a leading newline)
     doc["spec"]["restartPolicy"] = "Never"
-    (image_volume,) = [v for v in doc["spec"]["volumes"] if "image" in v]
-    del image_volume["image"]
-    image_volume["hostPath"] = {"path": str(image_tree), "type": "Directory"}
+    vols = {v["name"]: v for v in doc["spec"]["volumes"]}
+    del vols["cachebake"]["image"]
+    vols["cachebake"]["hostPath"] = {"path": str(image_tree), "type": "Directory"}
+    empty_dir = tmp_path / "vllm-emptydir"
+    empty_dir.mkdir()
+    empty_dir.chmod(0o777)  # as the kubelet makes an emptyDir: root's, 0777
+    del vols["cachebake-vllm"]["emptyDir"]
+    vols["cachebake-vllm"]["hostPath"] = {"path": str(empty_dir), "type": "Directory"}
     path = tmp_path / "pod.yaml"
     path.write_text(yaml.safe_dump(doc))
     volumes = [v["name"] for v in doc["spec"]["volumes"] if "emptyDir" in v]
@@ -283,7 +293,8 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, tmp_
         assert seen["vllm"] == expected and len(expected) > 10
         assert seen["owner"] == NONROOT_UID and seen["env"] == f"{ROOT}/vllm"
         assert seen["triton"] == errno.EROFS
-        assert not (image_tree / "vllm" / "torch_compile_cache" / "written-by-the-server").exists()
+        assert not list(image_tree.rglob("written-by-the-server"))
+        assert len(list(empty_dir.rglob("written-by-the-server"))) == 2
         assert {p.name for p in image_tree.iterdir()} == {"triton", "vllm"}
     finally:
         _podman(engines, "pod", "rm", "-f", "cbvol")

@@ -22,10 +22,10 @@
   it reads.  The ``vllm`` role cannot be read-only at all: Inductor writes into
   ``VLLM_CACHE_ROOT`` every time it loads a compiled graph (README, "Moving a vLLM bake").  So
   an emptyDir is mounted over ROOT/vllm, inside the read-only image volume, and filled before
-  the server starts by ``cachebake-vllm-copy``: the serving image (any image with ``cp``; no
-  cachebake needed) mounts the bake image at /cachebake-image and runs ``cp -a`` of its
-  ``vllm/`` tree, which pack already wrote for the layer root, so its paths are right at
-  ROOT/vllm.  A mount inside another is valid Kubernetes (the kubelet itself pre-creates mount
+  the server starts by ``cachebake-vllm-copy``: the serving image (any image with ``find`` and
+  ``cp``; no cachebake needed) mounts the bake image at /cachebake-image and copies each entry
+  of its ``vllm/`` tree with ``cp -a``; pack already wrote that tree for the layer root, so its
+  paths are right at ROOT/vllm.  A mount inside another is valid Kubernetes (the kubelet itself pre-creates mount
   points inside read-only API-data volumes, kubernetes/kubernetes#60342), but the runtime must
   find the mount point: it cannot create ROOT/vllm in a read-only volume (EROFS,
   kubernetes/kubernetes#121294).  So the copy needs a bake that has the role, and the
@@ -184,8 +184,11 @@ def _writable_vllm_role(plan: PodPlan, server: dict, volumes: list[dict]) -> lis
                 e["value"] = VLLM_EMPTY_ROOT
         return []
     server["volumeMounts"].append({"name": "cachebake-vllm", "mountPath": role_dir(plan.root, "vllm")})
+    # cp -a of each entry, not of vllm/. itself: that would also set the emptyDir's own times and
+    # mode, which only its owner (root, as the kubelet makes it, 0777) may; uid 65534 exits 1.
     return [{"name": "cachebake-vllm-copy", "image": plan.serving_image,
-             "command": ["cp", "-a", f"{IMAGE_COPY_MOUNT}/vllm/.", f"{VLLM_COPY_MOUNT}/"],
+             "command": ["find", f"{IMAGE_COPY_MOUNT}/vllm", "-mindepth", "1", "-maxdepth", "1",
+                         "-exec", "cp", "-a", "{}", f"{VLLM_COPY_MOUNT}/", ";"],
              "volumeMounts": [{"name": "cachebake", "mountPath": IMAGE_COPY_MOUNT, "readOnly": True},
                               {"name": "cachebake-vllm", "mountPath": VLLM_COPY_MOUNT}],
              "securityContext": _nonroot()}]
