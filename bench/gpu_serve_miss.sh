@@ -7,8 +7,8 @@
 #      a. control, Triton's own cache manager: expected to die with PermissionError;
 #      b. `install --overlay`'s environment (the layered manager): must complete, log its
 #         misses, and leave the installed tree byte-identical;
-#   3. `cachebake misses` on the overlay's log; fold the misses into a new artifact (no GPU
-#      used: fold-back compiles offline);
+#   3. `cachebake misses` on the overlay's log; `cachebake replay --base --misses` folds them
+#      into a new artifact (no GPU used: compiles and launcher helpers built offline);
 #   4. install the new artifact read-only at another path; serve the same workload as uid 65534
 #      with Triton's own manager: 0 compiles, 0 autotune benchmarks; `cachebake verify` exit 0.
 #
@@ -69,13 +69,13 @@ record tree_unchanged "$([ "$BEFORE" = "$AFTER" ] && echo 0 || echo 1)"
 step "3. cachebake misses; fold the misses into $ART2"
 "${CB[@]}" misses "$OVL" | tee "$LOGS/misses.txt"
 "${CB[@]}" misses "$OVL" --json >"$LOGS/misses.json"; record misses $?
-python3 -c "
-import json, sys
-from cachebake.runtime.foldback import fold_misses
-r = fold_misses('$ART', ['$OVL'], '$ART2')
-json.dump(r.to_dict(), open('$LOGS/fold.json', 'w'), indent=1)
-print(len(r.compiled), 'kernels folded;', [a['result'] for a in r.autotune], 'autotune;', len(r.failed), 'failed')
-" 2>"$LOGS/fold.err" | tee -a "$LOGS/steps.log"; record fold ${PIPESTATUS[0]}
+"${CB[@]}" replay --base "$ART" --misses "$OVL" --out "$ART2" --json >"$LOGS/fold.json" 2>"$LOGS/fold.err"
+rc=$?; python3 -c "
+import json
+r = json.load(open('$LOGS/fold.json'))
+print(len(r.get('compiled', [])), 'kernels folded;', [a['result'] for a in r.get('autotune', [])], 'autotune;',
+      len(r.get('failed', [])), 'failed;', r.get('helpers_built'), 'launcher helpers built')
+" | tee -a "$LOGS/steps.log"; record fold $rc
 
 step "4. the next artifact, installed read-only at $SRV2, Triton's own manager, uid 65534"
 "${CB[@]}" install "$ART2" --to "$SRV2" --json >"$LOGS/install2.json" 2>"$LOGS/install2.err"; record install2 $?

@@ -225,21 +225,43 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
 
 
 @main.command()
-@click.argument("source", type=click.Path(), metavar="ART|RECORD")
-@click.option("--target", type=GPU_TARGET, required=True, help="GPU target to compile for, e.g. sm_90, sm_120.")
+@click.argument("source", type=click.Path(), metavar="[ART|RECORD]", required=False)
+@click.option("--target", type=GPU_TARGET, help="GPU target to compile for, e.g. sm_90, sm_120 (--base: "
+              "which of the base's bakes, default its only one).")
 @click.option("--out", required=True, type=click.Path(), help="Artifact directory to write (or add this target to).")
+@click.option("--base", type=click.Path(), help="Fold serve-time misses (--misses) into a copy of this artifact.")
+@click.option("--misses", multiple=True, metavar="LOG|DIR",
+              help="With --base: a miss log (install --overlay) or a directory of them; repeatable.")
 @click.option("--jobs", type=POSITIVE_INT, default=None, help="Compile processes (default: all cores).")
 @click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
 @click.option("--layer-root", type=ABSOLUTE_PATH, help="Serving root for group files (default: the source bake's).")
 @click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
 @JSON_OPTION
-def replay(source, target, out, jobs, partial, layer_root, gpu_name, as_json):
-    """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it."""
-    from cachebake.replay.engine import replay as run_replay, stderr_progress
+def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, as_json):
+    """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
+    or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
+    from cachebake.replay.engine import stderr_progress
+
+    progress = None if as_json else stderr_progress
+    if base or misses:
+        if source:
+            raise click.UsageError(f"{source}: ART|RECORD does not mix with --base/--misses (replay a "
+                                   "record, or fold misses into --base ART)")
+        if not (base and misses):
+            raise click.UsageError("--base ART and --misses LOG|DIR go together")
+        if partial or layer_root or gpu_name:
+            raise click.UsageError("--partial, --layer-root and --gpu-name do not apply with --base "
+                                   "(a fold keeps the base's root and fingerprint, and lists what it could not fold)")
+        from cachebake.runtime.foldback import fold_misses
+
+        output(as_json).emit(fold_misses(base, list(misses), out, target=target, jobs=jobs, progress=progress))
+        return
+    if not source or not target:
+        raise click.UsageError("give ART|RECORD and --target, or --base ART --misses LOG|DIR")
+    from cachebake.replay.engine import replay as run_replay
 
     report = run_replay(source, target=target, out=out, jobs=jobs, partial=partial,
-                        layer_root=layer_root, gpu_name=gpu_name,
-                        progress=None if as_json else stderr_progress)
+                        layer_root=layer_root, gpu_name=gpu_name, progress=progress)
     output(as_json).emit(report)
 
 
@@ -435,11 +457,14 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
 @click.option("--pull-secret", help="dockerconfigjson Secret: image pulls and the installer's registry login.")
 @click.option("--tls-verify/--no-tls-verify", default=None,
               help="init: the installer's registry TLS (default: yes, except loopback registries).")
+@click.option("--vllm-role/--no-vllm-role", default=True, show_default=True,
+              help="image-volume: the bake has a vllm role, copied to a writable emptyDir at ROOT/vllm "
+                   "(the image's roles are not visible here; `cachebake inspect` lists them).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
-        name, root, gpus, kind, pull_secret, tls_verify, fmt, as_json, cmd):
+        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, fmt, as_json, cmd):
     """Kubernetes manifests that give a vLLM server its bake: an init container filling an
     emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
     from cachebake.distribute.k8s import ManifestReport, PodPlan, manifest, render, server_command
@@ -448,7 +473,8 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
     plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
                    installer_image=installer_image, install_in_serving_image=install_in_serving_image,
                    name=name, root=str(root or DEFAULT_ROOT), command=server_command(model, cmd),
-                   gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify)
+                   gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify,
+                   vllm_role=vllm_role)
     doc, notes = manifest(plan)
     output(as_json).emit(ManifestReport(render(doc, notes, fmt), doc, notes))
     for note in notes:

@@ -1,11 +1,24 @@
 """`cachebake k8s`: both patterns checked against the Kubernetes 1.35 schema (kubernetes-validate,
 offline), and the init-container Pod run for real by `podman kube play`: the installer pulls
 the bake from the registry into an emptyDir, checked against the serving image's fingerprint,
-and the server container verifies it with 0 compiles."""
+and the server container verifies it with 0 compiles.
 
+The image-volume Pod cannot run here: podman 4.3's kube play knows hostPath, configMap,
+emptyDir and persistentVolumeClaim volumes only ("HostPath, ConfigMap, EmptyDir, and
+PersistentVolumeClaim are currently the only supported VolumeSource").  So its vllm-role copy
+is played with the bake image's tree (the pushed layer, unpacked) as a read-only hostPath in
+place of the image volume, and the role's emptyDir as a hostPath directory made as the kubelet
+makes an emptyDir (root's, mode 0777; podman would chown its own emptyDir to the first
+container's user, which hides what a non-root copy may not do on Kubernetes).  The copy
+container, the mount inside the read-only mount, and what the server then reads and writes are
+real; the image volume and the kubelet are not."""
+
+import errno
+import hashlib
 import json
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +27,8 @@ import yaml
 from containerkit import (ROOT, WARMUP, cli, container_artifact, dockerfile_context, engines,  # noqa: F401
                           installer_image, serving_cachebake, verify_json)
 
-from cachebake.distribute.k8s import NONROOT_UID, PodPlan, manifest
+from cachebake.artifact.pack import CacheRoot, pack_artifact
+from cachebake.distribute.k8s import NONROOT_UID, VLLM_EMPTY_ROOT, PodPlan, manifest
 from cachebake.errors import BadInput, ExitCode
 
 REF = "docker://reg.example/bakes/nemotron:sm_90"
@@ -61,16 +75,41 @@ def test_init_in_the_serving_image_needs_no_fingerprint_file():
 
 
 def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
-    pod = _pod(_k8s("--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume",
-                    "--target", "sm_90"))
-    cache, overlay = pod["volumes"]
+    r = cli("k8s", "--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume",
+            "--target", "sm_90")
+    pod = _pod(yaml.safe_load(r.stdout))
+    cache, vllm, overlay = pod["volumes"]
     assert cache == {"name": "cachebake", "image": {"reference": PINNED.split("://")[1],
                                                     "pullPolicy": "IfNotPresent"}}
+    assert vllm == {"name": "cachebake-vllm", "emptyDir": {}}
     assert overlay == {"name": "cachebake-overlay", "emptyDir": {}}
     (server,) = pod["containers"]
-    assert {"name": "cachebake", "mountPath": ROOT, "readOnly": True} in server["volumeMounts"]
+    # The bake read-only at ROOT, the vllm role's writable copy mounted inside it, after it.
+    assert server["volumeMounts"][:2] == [{"name": "cachebake", "mountPath": ROOT, "readOnly": True},
+                                          {"name": "cachebake-vllm", "mountPath": f"{ROOT}/vllm"}]
     env = {e["name"]: e["value"] for e in server["env"]}
-    assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay" and "initContainers" not in pod
+    assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay"
+    assert env["VLLM_CACHE_ROOT"] == f"{ROOT}/vllm" and env["TRITON_CACHE_DIR"] == f"{ROOT}/triton"
+    # Filled by cp -a in the serving image, from the image mounted read-only elsewhere.
+    (copy,) = pod["initContainers"]
+    assert copy["image"] == "vllm:1"
+    assert copy["command"] == ["find", "/cachebake-image/vllm", "-mindepth", "1", "-maxdepth", "1",
+                               "-exec", "cp", "-a", "{}", "/cachebake-vllm/", ";"]
+    assert copy["volumeMounts"] == [{"name": "cachebake", "mountPath": "/cachebake-image", "readOnly": True},
+                                    {"name": "cachebake-vllm", "mountPath": "/cachebake-vllm"}]
+    sc = copy["securityContext"]
+    assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+    assert "assumed the bake has a vllm role" in r.stderr
+
+
+def test_image_volume_without_a_vllm_role_gets_an_empty_writable_vllm_root():
+    pod = _pod(_k8s("--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume",
+                    "--target", "sm_90", "--no-vllm-role"))
+    (server,) = pod["containers"]
+    assert "initContainers" not in pod
+    assert {"name": "cachebake-vllm", "mountPath": VLLM_EMPTY_ROOT} in server["volumeMounts"]
+    assert not any(m["mountPath"].startswith(ROOT + "/") for m in server["volumeMounts"])
+    assert {"name": "VLLM_CACHE_ROOT", "value": VLLM_EMPTY_ROOT} in server["env"]
 
 
 def test_refusals_are_one_line():
@@ -90,13 +129,14 @@ def _validate(path, version="1.35.0"):
     return subprocess.run([exe, "-k", version, "--strict", str(path)], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("pattern, kind", [("init", "deployment"), ("init", "pod"),
-                                           ("image-volume", "deployment"), ("image-volume", "pod")])
-def test_manifests_pass_the_kubernetes_1_35_schema(pattern, kind, tmp_path):
+@pytest.mark.parametrize("pattern, kind, extra", [
+    ("init", "deployment", []), ("init", "pod", []), ("image-volume", "deployment", []),
+    ("image-volume", "pod", []), ("image-volume", "deployment", ["--no-vllm-role"])])
+def test_manifests_pass_the_kubernetes_1_35_schema(pattern, kind, extra, tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(cli("k8s", "--artifact", PINNED, "--serving-image", "vllm:1", "--installer-image", "i:1",
                         "--pattern", pattern, "--kind", kind, "--target", "sm_90", "--model", "nemotron-h",
-                        "--pull-secret", "regcred").stdout)
+                        "--pull-secret", "regcred", *extra).stdout)
     r = _validate(path)
     assert r.returncode == 0, r.stdout + r.stderr
     if pattern == "image-volume":  # volumes[].image is not in older schemas
@@ -157,4 +197,105 @@ def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
             assert fingerprint["triton_key"] and fingerprint["triton_version"] == "3.6.0"
     finally:
         _podman(engines, "pod", "rm", "-f", "cbpod")
+        _podman(engines, "volume", "rm", "-f", *volumes)
+
+
+def _image_tree(art: Path, dest: Path) -> Path:
+    """What a runtime mounts for the pushed bake image: its one layer, unpacked as it is."""
+    import zstandard
+
+    from cachebake.artifact import oci
+
+    layout = oci.open_artifact(art)
+    with layout.open_layer(layout.select("sm_90")) as layer, \
+            zstandard.ZstdDecompressor().stream_reader(layer) as raw, \
+            tarfile.open(fileobj=raw, mode="r|") as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+_SERVER_CHECK = r"""
+import hashlib, json, os
+root = "/var/cache/cachebake"
+def tree(d):
+    return {os.path.relpath(os.path.join(p, f), d): hashlib.sha256(open(os.path.join(p, f), "rb").read()).hexdigest()
+            for p, _, fs in os.walk(d) for f in fs}
+out = {"vllm": tree(root + "/vllm"), "owner": os.stat(root + "/vllm/torch_compile_cache").st_uid,
+       "env": os.environ["VLLM_CACHE_ROOT"]}
+# Inductor saves beside the files it loads (README, Moving a vLLM bake): new files in the role.
+for d in ("/vllm", "/vllm/torch_compile_cache"):
+    with open(root + d + "/written-by-the-server", "w") as f:
+        f.write("ok")
+try:
+    open(root + "/triton/written-by-the-server", "w")
+    out["triton"] = "writable"
+except OSError as e:
+    out["triton"] = e.errno
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, tmp_path):
+    """The image-volume Pod's vllm-role copy (see the module docstring for what stands in for the
+    image volume): a real bake's vllm role (the H200 excerpt, packed for ROOT) and Triton role."""
+    if not engines.podman:
+        pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
+    if not engines.private_netns:
+        pytest.skip("the Pod pulls the serving image from the registry on the loopback of a private "
+                    "network namespace: run under .ci/containers.sh")
+    from installkit import compile_kernels
+    from test_artifact_torch_paths import excerpt
+
+    compile_kernels(tmp_path / "cache" / "triton")
+    for name, data in excerpt().items():
+        (tmp_path / "filled" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "filled" / name).write_bytes(data)
+    art = tmp_path / "art"
+    pack_artifact([CacheRoot("triton", tmp_path / "cache" / "triton"),
+                   CacheRoot("vllm", tmp_path / "filled" / "vllm")], art, target="sm_90", layer_root=ROOT)
+    image_tree = _image_tree(art, tmp_path / "image")
+    image_tree.chmod(0o755)
+    expected = {str(p.relative_to(image_tree / "vllm")): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in (image_tree / "vllm").rglob("*") if p.is_file()}
+    serving = f"{engines.registry}/cachebake-ci/serving:test"  # any image with cp and python3
+    engines.docker("tag", engines.serving_image, serving)
+    engines.docker("push", serving)
+    doc = yaml.safe_load(cli(
+        "k8s", "--kind", "pod", "--name", "cbvol", "--pattern", "image-volume", "--serving-image", serving,
+        "--artifact", f"docker://{engines.registry}/bakes/vol:sm_90", "--target", "sm_90", "--gpus", "0",
+        "--", "python3", "-c", _SERVER_CHECK.strip()).stdout)  # (podman 4.3 misreads a leading newline)
+    doc["spec"]["restartPolicy"] = "Never"
+    vols = {v["name"]: v for v in doc["spec"]["volumes"]}
+    del vols["cachebake"]["image"]
+    vols["cachebake"]["hostPath"] = {"path": str(image_tree), "type": "Directory"}
+    empty_dir = tmp_path / "vllm-emptydir"
+    empty_dir.mkdir()
+    empty_dir.chmod(0o777)  # as the kubelet makes an emptyDir: root's, 0777
+    del vols["cachebake-vllm"]["emptyDir"]
+    vols["cachebake-vllm"]["hostPath"] = {"path": str(empty_dir), "type": "Directory"}
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    volumes = [v["name"] for v in doc["spec"]["volumes"] if "emptyDir" in v]
+    _podman(engines, "pod", "rm", "-f", "cbvol")
+    try:
+        play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", path, timeout=600)
+        assert play.returncode == 0, play.stderr[-3000:]
+        _podman(engines, "wait", "cbvol-cbvol", timeout=300)
+        state = json.loads(_podman(engines, "inspect", "cbvol-cbvol").stdout)[0]["State"]
+        logs = _podman(engines, "logs", "cbvol-cbvol")
+        assert state["ExitCode"] == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
+        seen = json.loads(logs.stdout.strip().splitlines()[-1])
+        # The server reads the vllm role byte for byte as the image has it (paths already
+        # written for ROOT by pack), owned by the non-root copy container, and can write there;
+        # the Triton role stays read-only (misses go to the layered manager's overlay).
+        assert seen["vllm"] == expected and len(expected) > 10
+        assert seen["owner"] == NONROOT_UID and seen["env"] == f"{ROOT}/vllm"
+        assert seen["triton"] == errno.EROFS
+        assert not list(image_tree.rglob("written-by-the-server"))
+        assert len(list(empty_dir.rglob("written-by-the-server"))) == 2
+        assert {p.name for p in image_tree.iterdir()} == {"triton", "vllm"}
+    finally:
+        _podman(engines, "pod", "rm", "-f", "cbvol")
         _podman(engines, "volume", "rm", "-f", *volumes)

@@ -17,9 +17,21 @@
 ``image-volume`` (Kubernetes >= 1.35, ``volumes[].image``): the pushed bake image itself is
   mounted read-only at ROOT (``cachebake push`` writes the cache tree at the image's root, its
   group files written for the bake root: ROOT must be that root).  A read-only cache cannot
-  take a kernel the bake missed; the serve-time layered cache manager (cachebake.runtime, the
-  serve-time work) sends misses to a writable overlay: this pattern already mounts an emptyDir
-  for it and sets the variables it reads.
+  take a kernel the bake missed; the serve-time layered cache manager (cachebake.runtime) sends
+  misses to a writable overlay: this pattern mounts an emptyDir for it and sets the variables
+  it reads.  The ``vllm`` role cannot be read-only at all: Inductor writes into
+  ``VLLM_CACHE_ROOT`` every time it loads a compiled graph (README, "Moving a vLLM bake").  So
+  an emptyDir is mounted over ROOT/vllm, inside the read-only image volume, and filled before
+  the server starts by ``cachebake-vllm-copy``: the serving image (any image with ``find`` and
+  ``cp``; no cachebake needed) mounts the bake image at /cachebake-image and copies each entry
+  of its ``vllm/`` tree with ``cp -a``; pack already wrote that tree for the layer root, so its
+  paths are right at ROOT/vllm.  A mount inside another is valid Kubernetes (the kubelet itself pre-creates mount
+  points inside read-only API-data volumes, kubernetes/kubernetes#60342), but the runtime must
+  find the mount point: it cannot create ROOT/vllm in a read-only volume (EROFS,
+  kubernetes/kubernetes#121294).  So the copy needs a bake that has the role, and the
+  generator, given only a registry reference, cannot see the image's roles: it assumes one
+  (``vllm_role``, the default) and says so; a bake without it (``--no-vllm-role``) gets an
+  empty writable VLLM_CACHE_ROOT outside ROOT instead.
 
 Only the serving container's command is the user's: ``--model`` gives ``vllm serve`` with the
 recipe's serving flags, ``-- CMD...`` any command, neither the image's own entrypoint.
@@ -31,7 +43,7 @@ import json
 from dataclasses import dataclass, field
 
 from cachebake.errors import BadInput, Unsupported
-from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, serving_env
+from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, role_dir, serving_env
 
 PATTERNS = ("init", "image-volume")
 KINDS = ("deployment", "pod")
@@ -41,6 +53,9 @@ FINGERPRINT_DIR = "/cachebake-fingerprint"
 LIB_DIR = "/cachebake-lib"
 AUTH_DIR = "/cachebake-auth"
 OVERLAY_MOUNT = "/var/cache/cachebake-overlay"
+IMAGE_COPY_MOUNT = "/cachebake-image"  # where cachebake-vllm-copy sees the bake image
+VLLM_COPY_MOUNT = "/cachebake-vllm"  # ...and the emptyDir it fills, the server's ROOT/vllm
+VLLM_EMPTY_ROOT = "/var/cache/cachebake-vllm"  # VLLM_CACHE_ROOT for a bake without the role
 DEFAULT_INSTALLER_NOTE = "docker/installer.Dockerfile"
 
 
@@ -59,6 +74,7 @@ class PodPlan:
     kind: str = "deployment"
     pull_secret: str | None = None
     tls_verify: bool | None = None
+    vllm_role: bool = True  # image-volume: the bake has a vllm role (not visible from a reference)
 
 
 def server_command(model: str | None, cmd: tuple[str, ...] | list[str]) -> list[str]:
@@ -157,6 +173,27 @@ def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:
     return inits, volumes
 
 
+def _writable_vllm_role(plan: PodPlan, server: dict, volumes: list[dict]) -> list[dict]:
+    """image-volume: a writable VLLM_CACHE_ROOT for the server (see the module's docstring);
+    the init containers that fill it."""
+    volumes.append({"name": "cachebake-vllm", "emptyDir": {}})
+    if not plan.vllm_role:  # nothing to copy, and no ROOT/vllm in the image to mount over
+        server["volumeMounts"].append({"name": "cachebake-vllm", "mountPath": VLLM_EMPTY_ROOT})
+        for e in server["env"]:
+            if e["name"] == ROLE_ENV["vllm"]:
+                e["value"] = VLLM_EMPTY_ROOT
+        return []
+    server["volumeMounts"].append({"name": "cachebake-vllm", "mountPath": role_dir(plan.root, "vllm")})
+    # cp -a of each entry, not of vllm/. itself: that would also set the emptyDir's own times and
+    # mode, which only its owner (root, as the kubelet makes it, 0777) may; uid 65534 exits 1.
+    return [{"name": "cachebake-vllm-copy", "image": plan.serving_image,
+             "command": ["find", f"{IMAGE_COPY_MOUNT}/vllm", "-mindepth", "1", "-maxdepth", "1",
+                         "-exec", "cp", "-a", "{}", f"{VLLM_COPY_MOUNT}/", ";"],
+             "volumeMounts": [{"name": "cachebake", "mountPath": IMAGE_COPY_MOUNT, "readOnly": True},
+                              {"name": "cachebake-vllm", "mountPath": VLLM_COPY_MOUNT}],
+             "securityContext": _nonroot()}]
+
+
 def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     """The Pod spec for ``plan`` and notes for the operator (things the spec cannot say)."""
     from cachebake.artifact.fingerprint import GPUTargetSpec
@@ -194,10 +231,18 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
         image_ref = f"{ref.name}@{ref.digest}" if ref.digest else f"{ref.name}:{ref.tag or plan.target}"
         overlay, present = overlay_env(OVERLAY_MOUNT)
         server["env"] += _env(overlay)
-        server["volumeMounts"] += [{"name": "cachebake", "mountPath": plan.root, "readOnly": True},
-                                   {"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT}]
-        volumes = [{"name": "cachebake", "image": {"reference": image_ref, "pullPolicy": "IfNotPresent"}},
-                   {"name": "cachebake-overlay", "emptyDir": {}}]
+        # ROOT first, then the vllm role's mount inside it (runtimes sort mounts by depth too)
+        server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root, "readOnly": True})
+        volumes = [{"name": "cachebake", "image": {"reference": image_ref, "pullPolicy": "IfNotPresent"}}]
+        inits = _writable_vllm_role(plan, server, volumes)
+        server["volumeMounts"].append({"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT})
+        volumes.append({"name": "cachebake-overlay", "emptyDir": {}})
+        if inits:
+            spec["initContainers"] = inits
+            notes.append(f"assumed the bake has a vllm role (the generator cannot see the image's "
+                         f"roles): it is copied to a writable emptyDir at {role_dir(plan.root, 'vllm')}; "
+                         "for a bake without one (`cachebake inspect` lists roles) use --no-vllm-role, "
+                         "or the server cannot start (no mount point in the read-only image)")
         notes.append(f"image volumes need Kubernetes >= 1.35 and a runtime that reads zstd layers "
                      f"(containerd >= 1.5, CRI-O); {plan.root} must be the root the bake was made at")
         if not present:

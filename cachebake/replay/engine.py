@@ -146,9 +146,10 @@ class CompileResult:
     seconds: float = 0.0  # wall
     problems: list[str] = field(default_factory=list)
     replayed: list[CompileSpec] = field(default_factory=list)  # entries for ``target``, with hashes
+    failed: dict[str, str] = field(default_factory=dict)  # spec_id -> its problem (also in problems)
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "replayed"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("replayed", "failed")}
         d["compile_seconds"] = round(self.compile_seconds, 3)
         d["seconds"] = round(self.seconds, 3)
         return d
@@ -190,6 +191,7 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
                 res.compile_seconds += out.get("seconds", 0.0)
                 if not out["ok"]:
                     res.problems.append(out["problem"])
+                    res.failed[spec.spec_id()] = out["problem"]
                     continue
                 if out["cache_hit"]:
                     res.already += 1

@@ -162,9 +162,13 @@ def check_env(spec_env: dict) -> None:
 # -- what a worker process runs ----------------------------------------------------------------
 
 def init_worker(cache_dir: str, env: dict[str, str]) -> None:
-    """Pool initializer: the fresh cache and the recorded variables, before Triton reads them."""
+    """Pool initializer: the fresh cache and the recorded variables, before Triton reads them.
+    Triton's own file manager writes it, whatever manager the caller's environment names (a
+    replay run where ``install --overlay``'s variables are set would otherwise send every
+    entry to that overlay, not into ``cache_dir``)."""
     os.environ.update(env)
     os.environ["TRITON_CACHE_DIR"] = cache_dir
+    os.environ.pop("TRITON_CACHE_MANAGER", None)
 
 
 def compile_job(spec_dict: dict, target_text: str) -> dict:

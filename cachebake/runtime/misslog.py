@@ -5,8 +5,9 @@ A line (``"cachebake_miss": 1``) holds what missed (``kind``: ``kernel``, ``auto
 the benchmark, the gcc build), where the result went (``stored``: ``overlay`` or ``memory``),
 who saw it (``host``, ``pod``/``namespace``/``node`` from the downward API, ``pid``) and when
 (``time``, UTC), plus what ``cachebake replay --misses`` needs to compile it again: a kernel's
-``record`` (``compile_record``), an autotune result's ``tuning_key``, ``configs`` and
-``timings``.
+``record`` (a ``cachebake.replay.record.CompileSpec`` dict, made by the replay recorder's own
+``spec_from_compile``: the entry a bake's compile record holds), an autotune result's
+``tuning_key``, ``configs`` and ``timings``.
 
 Lines go to ``$CACHEBAKE_MISS_LOG`` (``<overlay>/misses.jsonl`` by default) with one ``write``
 on an ``O_APPEND`` descriptor, so processes sharing the file never interleave within a line.
@@ -179,9 +180,9 @@ def _on_compile(src, metadata, times) -> None:
     if times is not None and getattr(times, "total", None) is not None:
         entry["seconds"] = round(times.total / 1e6, 4)
     try:
-        from cachebake.runtime import compile_record
+        from cachebake.replay.recorder import spec_from_compile
 
-        entry["record"] = compile_record.encode(src, metadata)
+        entry["record"] = spec_from_compile(src, metadata, cache_hit=False).to_dict()
     except Exception as e:  # log the miss without its record rather than not at all
         entry["record_error"] = f"{type(e).__name__}: {e}"
     write(entry)
