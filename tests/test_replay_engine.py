@@ -147,6 +147,14 @@ def test_replayed_keys_equal_the_jits_keys_for_each_target(record, tmp_path, arc
     helpers = {p.parent.name for p in replayed.glob(f"*/*{suffix}")}
     assert {b32(k) for k in reference["helper_keys"]} <= helpers
     assert len(helpers) == len(set(reference["helper_keys"])) + 1  # + cuda_utils
+    # Built with no libcuda here, each helper still names the driver's library: without that
+    # entry it fails to load on a GPU server ("undefined symbol: cuFuncSetAttribute") and Triton
+    # rebuilds it at the first launch (seen on an H200 before worker._stub_libcuda defined the
+    # symbols; gcc's --as-needed drops a stub that defines nothing).
+    for so in replayed.glob(f"*/*{suffix}"):
+        dynamic = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True,
+                                 check=True).stdout
+        assert "Shared library: [libcuda.so.1]" in dynamic, so.name
     # autotune results travel only to the target they were measured on
     if arch == 90:
         assert res.autotune_carried == 2 and autotune_dirs(replayed) == autotune_dirs(tmp_path / "jit")

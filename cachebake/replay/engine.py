@@ -180,54 +180,50 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     same_build = record.triton_key is not None and record.triton_key == triton_build()["triton_key"]
     res.same_triton_build = same_build
     ctx = multiprocessing.get_context("spawn")  # a clean Triton per worker, whatever the parent imported
-    stub_dir = tempfile.mkdtemp(prefix="cachebake-stub-")
-    try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=worker.init_worker,
-                                 initargs=(cache_dir, env)) as pool:
-            futures = {pool.submit(worker.compile_job, s.to_dict(), target): s for s in p.compiles}
-            launchers: dict[str, None] = {}
-            for n, fut in enumerate(as_completed(futures), 1):
-                spec, out = futures[fut], fut.result()
-                res.compile_seconds += out.get("seconds", 0.0)
-                if not out["ok"]:
-                    res.problems.append(out["problem"])
-                    res.failed[spec.spec_id()] = out["problem"]
-                    continue
-                if out["cache_hit"]:
-                    res.already += 1
-                else:
-                    res.compiled += 1
-                launchers[out["launcher"]] = None
-                done = copy.deepcopy(spec)
-                done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
-                res.replayed.append(done)
-                # The same Triton build must reproduce the recorded key; another build (version,
-                # wheel, Python tag) keys everything anew, which is what a rebuild is for.
-                if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
-                    res.key_mismatches += 1
-                    res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
-                                        f"({out['hash'][:12]} vs {spec.hash[:12]}): {spec.label()}")
-                if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
-                    progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
-            helper_futures = [pool.submit(worker.helper_job, worker.cuda_utils_source(), "cuda_utils", stub_dir)]
-            helper_futures += [pool.submit(worker.helper_job, src, "__triton_launcher", stub_dir)
-                               for src in launchers]
-            tune_futures = ([pool.submit(worker.autotune_job, t.to_dict(), target) for t in p.carry]
-                            if carry_autotune else [])
-            for fut in helper_futures:
-                out = fut.result()
-                if not out["ok"]:
-                    res.problems.append(out["problem"])
-                elif not out["cache_hit"]:
-                    res.helpers_built += 1
-            for fut in tune_futures:
-                out = fut.result()
-                if out["ok"]:
-                    res.autotune_carried += 1
-                else:
-                    res.problems.append(out["problem"])
-    finally:
-        shutil.rmtree(stub_dir, ignore_errors=True)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=worker.init_worker,
+                             initargs=(cache_dir, env)) as pool:
+        futures = {pool.submit(worker.compile_job, s.to_dict(), target): s for s in p.compiles}
+        launchers: dict[str, None] = {}
+        for n, fut in enumerate(as_completed(futures), 1):
+            spec, out = futures[fut], fut.result()
+            res.compile_seconds += out.get("seconds", 0.0)
+            if not out["ok"]:
+                res.problems.append(out["problem"])
+                res.failed[spec.spec_id()] = out["problem"]
+                continue
+            if out["cache_hit"]:
+                res.already += 1
+            else:
+                res.compiled += 1
+            launchers[out["launcher"]] = None
+            done = copy.deepcopy(spec)
+            done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
+            res.replayed.append(done)
+            # The same Triton build must reproduce the recorded key; another build (version,
+            # wheel, Python tag) keys everything anew, which is what a rebuild is for.
+            if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
+                res.key_mismatches += 1
+                res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
+                                    f"({out['hash'][:12]} vs {spec.hash[:12]}): {spec.label()}")
+            if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
+                progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
+        helper_futures = [pool.submit(worker.helper_job, worker.cuda_utils_source(), "cuda_utils")]
+        helper_futures += [pool.submit(worker.helper_job, src, "__triton_launcher")
+                           for src in launchers]
+        tune_futures = ([pool.submit(worker.autotune_job, t.to_dict(), target) for t in p.carry]
+                        if carry_autotune else [])
+        for fut in helper_futures:
+            out = fut.result()
+            if not out["ok"]:
+                res.problems.append(out["problem"])
+            elif not out["cache_hit"]:
+                res.helpers_built += 1
+        for fut in tune_futures:
+            out = fut.result()
+            if out["ok"]:
+                res.autotune_carried += 1
+            else:
+                res.problems.append(out["problem"])
     res.seconds = time.monotonic() - t0
     return res
 

@@ -253,7 +253,7 @@ def cuda_utils_source() -> str:
     return Path(driver.dirname, "driver.c").read_text()
 
 
-def helper_job(c_source: str, name: str, stub_dir: str) -> dict:
+def helper_job(c_source: str, name: str) -> dict:
     """Build one helper into the cache as ``compile_module_from_src`` would (not loaded)."""
     from triton.backends.nvidia import driver
     from triton.runtime.build import _build, platform_key
@@ -265,13 +265,13 @@ def helper_job(c_source: str, name: str, stub_dir: str) -> dict:
     if cache.get_file(filename):
         return {"ok": True, "name": name, "hash": key, "cache_hit": True}
     try:
-        libs = driver.library_dirs()
-    except Exception:  # no libcuda here: link against a stub of the same soname
-        libs = [driver.libdevice_dir, _stub_libcuda(stub_dir)]
-    try:
         with tempfile.TemporaryDirectory() as tmp:
             c_path = os.path.join(tmp, name + ".c")
             Path(c_path).write_text(c_source)
+            try:
+                libs = driver.library_dirs()
+            except Exception:  # no libcuda here: link against a stub of the same soname
+                libs = [driver.libdevice_dir, _stub_libcuda(os.path.join(tmp, "stub"), c_path)]
             so = _build(name, c_path, tmp, libs, driver.include_dirs, driver.libraries, [])
             cache.put(Path(so).read_bytes(), filename, binary=True)
     except (OSError, subprocess.CalledProcessError, RuntimeError) as e:
@@ -279,12 +279,29 @@ def helper_job(c_source: str, name: str, stub_dir: str) -> dict:
     return {"ok": True, "name": name, "hash": key, "cache_hit": False}
 
 
-def _stub_libcuda(stub_dir: str) -> str:
-    path = Path(stub_dir) / "libcuda.so.1"
-    if not path.exists():
-        Path(stub_dir).mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".libcuda.{os.getpid()}.so")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-x", "c", "/dev/null", "-o", str(tmp),
-                        "-Wl,-soname,libcuda.so.1"], check=True, capture_output=True)
-        os.replace(tmp, path)
+def _stub_libcuda(stub_dir: str, c_path: str) -> str:
+    """A ``libcuda.so.1`` to link a helper against where no driver is installed.
+
+    It must define every ``cu*`` symbol the helper calls: gcc links with ``--as-needed`` on
+    Debian and Ubuntu, and a stub that defines nothing is dropped, leaving the helper without
+    a ``NEEDED libcuda.so.1`` entry.  Such a helper fails to load on the GPU server
+    ("undefined symbol: cuFuncSetAttribute"), and Triton rebuilds it at the first launch: seen
+    on an H200 with helpers replayed on a CPU machine (bench/RESULTS.md).  At load time the
+    real driver's ``libcuda.so.1`` is found by soname; the stub only satisfies the linker."""
+    from triton.backends.nvidia import driver
+
+    Path(stub_dir).mkdir(parents=True, exist_ok=True)
+    obj = os.path.join(stub_dir, "helper.o")
+    includes = [f"-I{d}" for d in driver.include_dirs] + [f"-I{sysconfig.get_paths()['include']}"]
+    subprocess.run(["gcc", "-c", "-fPIC", "-w", c_path, "-o", obj, *includes], check=True,
+                   capture_output=True)
+    undefined = subprocess.run(["nm", "-u", obj], check=True, capture_output=True, text=True).stdout
+    symbols = sorted({ln.split()[-1] for ln in undefined.splitlines()
+                      if ln.split() and ln.split()[-1].startswith("cu")})
+    stub_c = os.path.join(stub_dir, "libcuda_stub.c")
+    Path(stub_c).write_text("".join(f"void {sym}(void) {{}}\n" for sym in symbols))
+    lib = os.path.join(stub_dir, "libcuda.so.1")
+    subprocess.run(["gcc", "-shared", "-fPIC", stub_c, "-o", lib, "-Wl,-soname,libcuda.so.1"],
+                   check=True, capture_output=True)
+    os.symlink("libcuda.so.1", os.path.join(stub_dir, "libcuda.so"))  # what -lcuda looks for
     return stub_dir
