@@ -261,21 +261,25 @@ def serve_args_cmd(artifact, target, root, as_json):
 @click.option("--allow-mismatch", is_flag=True, help="Install despite preflight differences (warns).")
 @click.option("--lock-timeout", default=600.0, show_default=True, type=float,
               help="Seconds to wait for another install into DIR before giving up (exit 11).")
+@click.option("--check-only", is_flag=True,
+              help="Run every check (the whole layer too) and report what an install would do; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, as_json):
+def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, check_only,
+            as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent."""
     from cachebake.install import install_artifact
 
     report = install_artifact(artifact, to, target=target, fingerprint_file=fingerprint_file,
                               allow_mismatch=allow_mismatch, serve_at=serve_at,
-                              lock_timeout=lock_timeout)
+                              lock_timeout=lock_timeout, check_only=check_only)
     for line in report.mismatches:
         click.echo(f"cachebake: warning: {line} (installed anyway: --allow-mismatch)", err=True)
     if as_json:
         _emit_json(report.to_dict())
         return
-    if report.status == "already installed":
-        click.echo(f"already installed: {report.layer_digest[:19]} ({report.target}) in {report.to}")
+    if report.status == "already installed" or report.status.startswith("would"):
+        click.echo(f"{report.status}: {report.layer_digest[:19]} ({report.target}) in {report.to}"
+                   + "".join(f"\n  damaged: {d}" for d in report.damage))
     else:
         click.echo(f"{report.status}: {report.layer_digest[:19]} ({report.target}) in {report.to}: "
                    f"{report.files} files, {report.file_bytes / 1e6:.1f} MB, "

@@ -1,25 +1,33 @@
 """``cachebake install``: make a bake hit on this machine, at any path, or say why it can't.
 
-Steps, in order; nothing is written to DIR before step 5:
+Steps, in order; nothing is written to DIR before step 6, and nothing in DIR changes for a
+server before step 7's switch:
 
-1. open the artifact (dir, OCI layout or .tar.zst + manifest) and pick the bake for the GPU
-   target (``--target``, else the serving fingerprint's, else the visible GPU's);
-2. refuse unknown manifest versions (UNSUPPORTED; the artifact reader does, through BakeManifest);
-3. preflight the fingerprint against the serving environment (PREFLIGHT, or warnings with
+1. open the artifact (dir, OCI layout or .tar.zst + manifest), read every document with bounds
+   and check its schema, and pick the bake for the GPU target (``--target``, else the serving
+   fingerprint's, else the visible GPU's); unknown manifest versions are UNSUPPORTED;
+2. preflight the fingerprint against the serving environment (PREFLIGHT, or warnings with
    ``--allow-mismatch``);
-4. if DIR already holds this digest for this serve path: "already installed", done;
-   otherwise scan the whole layer, verifying digests and every entry (CORRUPT / UNSAFE);
-5. under DIR's lock: re-check, clean a killed install's leftovers, extract into a staging dir
-   relocating Triton group files on the way, sync, switch atomically (see atomic.py).
+3. check DIR: not a link, nothing in the way of a role link, ``.cachebake`` ours; free bytes and
+   inodes for what the manifest declares;
+4. if DIR holds this digest for this serve path and its tree still matches the inventory in
+   install.json: "already installed", done (a damaged tree is repaired below);
+5. ``--check-only`` stops here after reading the whole layer through the same checks, writing
+   nothing, and reports what an install would do;
+6. under DIR's lock: re-check, clean a killed install's leftovers, then in one pass decompress,
+   check each entry and write it into a private staging dir (relocating Triton group files);
+   the blob's digest is checked at its end;
+7. sync, link roles, switch atomically (atomic.py).  Any refusal removes the staging dir (and
+   a DIR this install created); Ctrl-C exits 130 saying whether the switch happened.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
+from cachebake.errors import Interrupted
 from cachebake.install import atomic, extract, preflight, relocate
 from cachebake.install.source import open_source
 from cachebake.roles import serving_env
@@ -29,7 +37,9 @@ LOCK_TIMEOUT_S = 600.0
 
 @dataclass
 class InstallReport:
-    status: str  # "installed" | "replaced" | "already installed"
+    # "installed" | "replaced" | "repaired" | "already installed"; with --check-only:
+    # "would install" | "would replace" | "would repair" | "already installed"
+    status: str
     artifact: str
     target: str
     layer_digest: str
@@ -43,6 +53,7 @@ class InstallReport:
     file_bytes: int = 0
     groups_relocated: int = 0
     cleaned: list[str] = field(default_factory=list)
+    damage: list[str] = field(default_factory=list)  # what a repair found wrong (first 20)
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -50,85 +61,103 @@ class InstallReport:
         return asdict(self)
 
 
-def _pick_target(target: str | None, serving) -> str:
-    """``--target``, else the serving fingerprint's (the visible GPU's, or the file's)."""
-    return target or serving.target
-
-
-def _load(source, bake, limits: extract.LayerLimits, serve_root: str) -> extract.Layer:
-    """Digest, decompression under the bomb guard, every entry checked, group files
-    relocated in memory; writes nothing."""
-    with source.open_layer(bake) as compressed:
-        return extract.load_layer(compressed, limits, relocate.group_rewriter(serve_root))
-
-
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      target: str | None = None, fingerprint_file: str | None = None,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
-                     lock_timeout: float = LOCK_TIMEOUT_S) -> InstallReport:
+                     lock_timeout: float = LOCK_TIMEOUT_S, check_only: bool = False) -> InstallReport:
+    dest = atomic.InstallDir(to)
+    try:
+        return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
+                        allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
+                        check_only=check_only)
+    except KeyboardInterrupt:
+        if dest.switched():
+            raise Interrupted(f"the new bake was switched in at {dest.root}; a re-run cleans up "
+                              "what is left") from None
+        raise Interrupted(f"nothing was installed; {dest.root} holds what it held before") from None
+
+
+def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_mismatch,
+             serve_at, lock_timeout, check_only) -> InstallReport:
     started = time.monotonic()
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
-    bake = source.select(_pick_target(target, serving))
-    manifest = bake.manifest.to_dict()
-    roles = list(manifest.get("roles") or [])
-    mismatches = preflight.check(manifest, serving, allow_mismatch,
+    bake = source.select(target or serving.target)
+    manifest = bake.manifest
+    roles = list(manifest.roles)
+    mismatches = preflight.check(manifest.to_dict(), serving, allow_mismatch,
                                  checked_this_process=fingerprint_file is None)
 
-    dest = atomic.InstallDir(to)
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     report = InstallReport(
         status="installed", artifact=os.fspath(artifact), target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
         serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
     dest.check_usable(roles)
+    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (str(dest.root), serve_root))
 
-    def done(marker: dict | None) -> bool:
-        if marker and marker.get("layer_digest") == bake.layer_digest \
-                and marker.get("serve_at") == serve_root:
-            report.status = "already installed"
-            report.version_dir = str(dest.current.resolve())
-            return True
-        return False
+    def ours(marker: dict | None) -> bool:
+        return bool(marker) and marker["layer_digest"] == bake.layer_digest \
+            and marker["serve_at"] == serve_root
 
-    if done(dest.installed()) and not dest.has_leftovers():
+    def done(version: str) -> InstallReport:
+        report.status = "already installed"
+        report.version_dir = str(dest.state / "versions" / version)
         report.seconds = round(time.monotonic() - started, 3)
         return report
 
-    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
+    with dest.opened(create=False):
+        marker, version, damage = dest.installed()
+        leftovers = dest.state_fd is not None and dest.has_leftovers(version)
+    if ours(marker) and not damage and not (leftovers and not check_only):
+        return done(version)
+    dest.check_space(limits.file_bytes, limits.entries)
+    transform = relocate.group_rewriter(serve_root)
 
-    def load() -> extract.Layer:
-        dest.check_space(limits.file_bytes + 4096 * limits.entries)
-        return _load(source, bake, limits, serve_root)
+    if check_only:
+        report.damage = damage if ours(marker) else []
+        report.status = ("would repair" if ours(marker) else "would replace" if marker or damage
+                         else "would install")
+        with source.open_layer(bake) as stream:  # every check, nothing written
+            _fill(report, extract.extract_layer(stream, limits, None, transform))
+        report.seconds = round(time.monotonic() - started, 3)
+        return report
 
-    # Load before taking the lock: racing installs verify in parallel, only writes take turns.
-    layer = None if report.status == "already installed" else load()
-
-    dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
-        previous = dest.installed()
+        marker, version, damage = dest.installed()
         report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
-        if done(previous):  # installed already (maybe by a racing install while we scanned)
-            report.seconds = round(time.monotonic() - started, 3)
-            return report
-        report.status = "installed"
-        layer = layer or load()
-        staged = dest.new_staging()
+        if ours(marker) and not damage:  # maybe a racing install did it while we waited
+            return done(version)
+        report.status = "repaired" if ours(marker) else "replaced" if marker or damage else "installed"
+        report.damage = damage if ours(marker) else []
+        staged, staged_fd = dest.new_staging()
         try:
-            stats = extract.extract_layer(layer, str(staged), checkpoint=atomic.checkpoint)
-            marker = {"layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
-                      "serve_at": serve_root, "artifact": report.artifact,
-                      "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "groups_relocated": stats.transformed}
-            version = dest.commit(staged, bake.layer_digest, marker, roles)
+            with source.open_layer(bake) as stream:
+                stats = extract.extract_layer(stream, limits, staged_fd, transform, atomic.checkpoint)
+            new_marker = {
+                "layer_digest": bake.layer_digest, "target": report.target, "roles": roles,
+                "serve_at": serve_root, "artifact": report.artifact,
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "groups_relocated": stats.transformed, "dirs": stats.dirs, "files": stats.inventory}
+            version = dest.commit(staged, staged_fd, bake.layer_digest, new_marker, roles)
         except BaseException:
-            # Disk full, EIO, Ctrl-C: don't leave the half-written tree for the next install.
-            shutil.rmtree(staged, ignore_errors=True)
+            # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install, and a
+            # DIR this install created is removed again.
+            os.close(staged_fd)
+            staged_fd = -1
+            dest.remove_staging(staged)
+            dest.undo()
             raise
+        finally:
+            if staged_fd >= 0:
+                os.close(staged_fd)
         report.cleaned += dest.clean_leftovers()
-    report.status = "replaced" if previous else "installed"
-    report.version_dir = str(dest.versions / version)
-    report.entries, report.files = stats.entries, stats.files
-    report.file_bytes, report.groups_relocated = stats.file_bytes, stats.transformed
+    report.version_dir = str(dest.state / "versions" / version)
+    _fill(report, stats)
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _fill(report: InstallReport, stats: extract.LayerStats) -> None:
+    report.entries, report.files = stats.entries, stats.files
+    report.file_bytes, report.groups_relocated = stats.file_bytes, stats.transformed

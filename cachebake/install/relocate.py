@@ -16,7 +16,7 @@ import posixpath
 from typing import Callable
 
 from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
-from cachebake.errors import CorruptArtifact, UnsafeArtifact
+from cachebake.errors import InvalidDocument, UnsafeArtifact
 
 
 def is_group_file(member_name: str) -> bool:
@@ -31,8 +31,9 @@ def rewrite_group(data: bytes, member_name: str, key_dir: str) -> bytes:
     try:
         return relocated_group(data, key_dir)
     except InvalidGroup as e:
-        error = UnsafeArtifact if e.unsafe else CorruptArtifact
-        raise error(f"group file {member_name!r} {e}") from None
+        if e.unsafe:
+            raise UnsafeArtifact(f"group file {member_name!r} {e}") from None
+        raise InvalidDocument(f"group file {member_name!r}", e.field, str(e)) from None
 
 
 def group_rewriter(serve_root: str) -> Callable[[str], Callable[[bytes], bytes] | None]:
