@@ -98,7 +98,7 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
 
     def ours(marker: dict | None) -> bool:
         return bool(marker) and marker["layer_digest"] == bake.layer_digest \
-            and marker["serve_at"] == serve_root
+            and marker["serve_at"] == serve_root and sorted(marker["roles"]) == sorted(roles)
 
     def done(version: str) -> InstallReport:
         report.status = "already installed"

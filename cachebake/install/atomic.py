@@ -65,8 +65,9 @@ VERSION_RE = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{8}$")
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # -- test hook -------------------------------------------------------------------------------
-# CACHEBAKE_TEST_KILL_AT=<n>: SIGKILL ourselves at the n-th checkpoint (1-based).  Used by the
-# crash tests to cut an install at every step of the commit and inside the extraction.
+# CACHEBAKE_TEST_KILL_AT=<n>: SIGKILL ourselves at the n-th checkpoint (1-based), or the
+# signal CACHEBAKE_TEST_SIGNAL names (INT: Ctrl-C).  Used by the crash tests to cut an install
+# at every step of the commit and inside the extraction.
 _checkpoints = 0
 
 
@@ -75,7 +76,8 @@ def checkpoint(_what: str = "") -> None:
     _checkpoints += 1
     kill_at = os.environ.get("CACHEBAKE_TEST_KILL_AT")
     if kill_at and int(kill_at) == _checkpoints:
-        os.kill(os.getpid(), signal.SIGKILL)
+        sig = getattr(signal, "SIG" + os.environ.get("CACHEBAKE_TEST_SIGNAL", "KILL"))
+        os.kill(os.getpid(), sig)
 
 
 def checkpoints_passed() -> int:
@@ -460,14 +462,21 @@ class InstallDir:
     def new_staging(self) -> tuple[str, int]:
         """A fresh staging directory: (its name under staging/, an fd of it)."""
         staging_fd = self._sub("staging", create=True)
+        name = secrets.token_hex(8)
         try:
-            name = secrets.token_hex(8)
             os.mkdir(name, 0o755, dir_fd=staging_fd)
             fd = self._open_dir(staging_fd, name, self.state / "staging" / name)
-            os.fchmod(fd, 0o755)
+            try:
+                os.fchmod(fd, 0o755)
+                checkpoint("staged")
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            rmtree_at(staging_fd, name)  # Ctrl-C here: the caller's cleanup is not armed yet
+            raise
         finally:
             os.close(staging_fd)
-        checkpoint("staged")
         return name, fd
 
     def remove_staging(self, name: str) -> None:
