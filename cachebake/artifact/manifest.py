@@ -117,12 +117,15 @@ class BakeManifest:
 
 
 def _known(kind, data: dict) -> dict:
-    """The keys of ``data`` that dataclass ``kind`` has (absent optional ones default)."""
-    names = {f.name for f in fields(kind)}
-    out = {k: v for k, v in data.items() if k in names}
-    for f in fields(kind):  # checked present by the schema when required; None otherwise
-        out.setdefault(f.name, None)
-    return out
+    """The keys of ``data`` that dataclass ``kind`` has; absent ones (optional: the schema
+    checked the required ones) are None."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+    return {name: data.get(name) for name in names}
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def _load_json(data: bytes) -> dict | None:

@@ -25,6 +25,7 @@ lines of type checks.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -148,22 +149,25 @@ def parse_json(data: bytes | str, document: str) -> Any:
         raise InvalidDocument(document, "", f"is not valid JSON ({str(e).splitlines()[0]})") from None
 
 
-_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def _check_nesting(text: str, document: str) -> None:
     """Refuse nesting past MAX_NESTING before json.loads sees it (strings skipped)."""
-    if text.count("[") + text.count("{") == 0:
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return  # cannot be deeper than its number of openers
+    # Brackets inside strings count too at first: an over-estimate, exact enough for every
+    # document cachebake writes; strings are stripped only when it is over the limit.
+    if _depth(_NOT_BRACKET.sub("", text)) <= MAX_NESTING:
         return
-    depth = 0
-    for m in _STRUCTURE.finditer(text):
-        tok = m.group()
-        if tok in "[{":
-            depth += 1
-            if depth > MAX_NESTING:
-                raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels")
-        elif tok in "]}":
-            depth -= 1
+    if _depth(_NOT_BRACKET.sub("", _STRING.sub("", text))) > MAX_NESTING:
+        raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels")
+
+
+def _depth(brackets: str) -> int:
+    return max(itertools.accumulate(_STEP[c] for c in brackets), default=0)
 
 
 def load_document(path, document: str, cap: int, **kw) -> Any:

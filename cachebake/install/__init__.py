@@ -85,7 +85,8 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     bake = source.select(target or serving.target)
     manifest = bake.manifest
     roles = list(manifest.roles)
-    mismatches = preflight.check(manifest.to_dict(), serving, allow_mismatch,
+    mismatches = preflight.check({"target": manifest.target, "fingerprint": manifest.fingerprint}, serving,
+                                 allow_mismatch,
                                  checked_this_process=fingerprint_file is None)
 
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)

@@ -40,7 +40,6 @@ the lock file are still the ones at those names (a refused first install removes
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
@@ -56,126 +55,33 @@ from typing import Iterator
 
 from cachebake.artifact import schema
 from cachebake.errors import BadInput, Locked
+from cachebake.install.inventory import MARKER, check_marker, check_tree
+from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
+                                     rmtree_at, sync_tree)
 from cachebake.roles import ROLE_ENV
 
 STATE = ".cachebake"
-MARKER = "install.json"
 CAP_MARKER = 256 << 20
 VERSION_RE = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{8}$")
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # -- test hook -------------------------------------------------------------------------------
 # CACHEBAKE_TEST_KILL_AT=<n>: SIGKILL ourselves at the n-th checkpoint (1-based), or the
 # signal CACHEBAKE_TEST_SIGNAL names (INT: Ctrl-C).  Used by the crash tests to cut an install
 # at every step of the commit and inside the extraction.
 _checkpoints = 0
+_KILL_AT = int(os.environ.get("CACHEBAKE_TEST_KILL_AT") or 0)  # read once: called per entry
 
 
 def checkpoint(_what: str = "") -> None:
     global _checkpoints
     _checkpoints += 1
-    kill_at = os.environ.get("CACHEBAKE_TEST_KILL_AT")
-    if kill_at and int(kill_at) == _checkpoints:
+    if _KILL_AT == _checkpoints:
         sig = getattr(signal, "SIG" + os.environ.get("CACHEBAKE_TEST_SIGNAL", "KILL"))
         os.kill(os.getpid(), sig)
 
 
 def checkpoints_passed() -> int:
     return _checkpoints
-
-
-# -- system calls beyond os ------------------------------------------------------------------
-_libc = None
-RENAME_NOREPLACE = 1
-AT_FDCWD = -100
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        # CDLL(None): the symbols already loaded (libc among them).  find_library would run
-        # ldconfig/gcc, which a read-only root filesystem may not allow.
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def rename_noreplace(src: str, dst: str, src_dir_fd: int, dst_dir_fd: int) -> None:
-    """rename(2) that fails with EEXIST instead of replacing ``dst``: renameat2's
-    RENAME_NOREPLACE where libc and the kernel have it (glibc >= 2.28, Linux >= 3.15 on local
-    filesystems), else a check that ``dst`` is absent followed by rename(2), under our lock."""
-    fn = getattr(_c(), "renameat2", None)
-    if fn is not None:
-        if fn(src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), RENAME_NOREPLACE) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EINVAL):
-            raise OSError(err, os.strerror(err), dst)
-    if _lexists(dst, dst_dir_fd):
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
-    os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
-
-
-def sync_tree(fd: int) -> None:
-    """Make everything below directory ``fd`` durable before it is renamed into place.
-
-    syncfs(2) flushes the filesystem in one call, far cheaper than an fsync per file for
-    thousands of small cache files; where it is missing, fsync each file and directory."""
-    try:
-        if getattr(_c(), "syncfs", None) is not None and _c().syncfs(fd) == 0:
-            return
-    except OSError:
-        pass
-    for entry in os.scandir(fd):
-        flags = (DIR_FLAGS if entry.is_dir(follow_symlinks=False) else os.O_RDONLY | os.O_NOFOLLOW)
-        sub = os.open(entry.name, flags | os.O_CLOEXEC, dir_fd=fd)
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                sync_tree(sub)
-            else:
-                os.fsync(sub)
-        finally:
-            os.close(sub)
-    os.fsync(fd)
-
-
-def _lexists(name: str, dir_fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _readlink(name: str, dir_fd: int) -> str | None:
-    try:
-        return os.readlink(name, dir_fd=dir_fd)
-    except OSError:  # absent, or not a link
-        return None
-
-
-def rmtree_at(parent_fd: int, name: str) -> None:
-    """Remove ``name`` below ``parent_fd`` and everything in it, never following a link:
-    each directory is opened O_NOFOLLOW relative to its parent's fd (shutil.rmtree takes a
-    dir_fd only from Python 3.11; install supports 3.10)."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=parent_fd)
-        return
-    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    try:
-        if not os.path.samestat(st, os.fstat(fd)):
-            return  # replaced while we looked: not ours to remove
-        for entry in list(os.scandir(fd)):
-            if entry.is_dir(follow_symlinks=False):
-                rmtree_at(fd, entry.name)
-            else:
-                os.unlink(entry.name, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
 
 
 # -- layout ----------------------------------------------------------------------------------
@@ -283,7 +189,7 @@ class InstallDir:
         if not is_link:
             raise BadInput(f"{p} exists and is not managed by cachebake; remove it or install into "
                            "another directory")
-        if _readlink(role, self.root_fd) != self.role_link(role):
+        if readlink(role, self.root_fd) != self.role_link(role):
             raise BadInput(f"{p} is a symlink not made by cachebake; remove it")
 
     def check_space(self, file_bytes: int, entries: int) -> None:
@@ -324,7 +230,7 @@ class InstallDir:
         ``problems`` lists what differs from the marker's inventory (a damaged tree)."""
         if self.state_fd is None:
             return None, None, []
-        target = _readlink("current", self.state_fd)
+        target = readlink("current", self.state_fd)
         if target is None:
             return None, None, []
         version = target.rpartition("/")[2]
@@ -343,13 +249,13 @@ class InstallDir:
             try:
                 marker = schema.parse_json(schema.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
                                            MARKER)
-                _check_marker(marker)
+                check_marker(marker)
             except BadInput:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable marker is damage to repair
                 return None, version, [f"{MARKER} is unreadable ({e})"]
             problems = [f"{role} is not cachebake's link" for role in marker["roles"]
-                        if _readlink(role, self.root_fd) != self.role_link(role)]
+                        if readlink(role, self.root_fd) != self.role_link(role)]
             problems += check_tree(vfd, marker)
             return marker, version, problems
         finally:
@@ -427,7 +333,7 @@ class InstallDir:
     def clean_leftovers(self, keep_roles: set[str] = frozenset()) -> list[str]:
         """Remove what killed installs left behind; returns what was removed (relative to DIR)."""
         removed = []
-        target = _readlink("current", self.state_fd)
+        target = readlink("current", self.state_fd)
         current = target.rpartition("/")[2] if target else None
         for sub in ("staging", "versions"):
             fd = self._sub(sub)
@@ -443,18 +349,18 @@ class InstallDir:
             finally:
                 os.close(fd)
         for name in sorted(os.listdir(self.state_fd)):
-            if name.startswith("current.tmp-") and _readlink(name, self.state_fd) is not None:
+            if name.startswith("current.tmp-") and readlink(name, self.state_fd) is not None:
                 os.unlink(name, dir_fd=self.state_fd)
                 removed.append(f"{STATE}/{name}")
         for name in sorted(os.listdir(self.root_fd)):  # temporary role links of cachebake <= 0.1
             role = name[1:].partition(".cachebake-tmp-")[0]
             if name.startswith(".") and ".cachebake-tmp-" in name and role in ROLE_ENV \
-                    and _readlink(name, self.root_fd) == self.role_link(role):
+                    and readlink(name, self.root_fd) == self.role_link(role):
                 os.unlink(name, dir_fd=self.root_fd)
                 removed.append(name)
         backed = set(self._roles_of(current)) | set(keep_roles)
         for role in ROLE_ENV:
-            if role not in backed and _readlink(role, self.root_fd) == self.role_link(role):
+            if role not in backed and readlink(role, self.root_fd) == self.role_link(role):
                 os.unlink(role, dir_fd=self.root_fd)  # the residual window: see the module doc
                 removed.append(role)
         return removed
@@ -524,7 +430,7 @@ class InstallDir:
             os.close(versions_fd)
         checkpoint("renamed")
         current = os.stat("current", dir_fd=self.state_fd, follow_symlinks=False) \
-            if _lexists("current", self.state_fd) else None
+            if lexists("current", self.state_fd) else None
         if current is not None and not stat.S_ISLNK(current.st_mode):
             raise BadInput(f"{self.state / 'current'} is not a symbolic link; refusing to replace it")
         tmp = f"current.tmp-{secrets.token_hex(4)}"
@@ -546,12 +452,12 @@ class InstallDir:
         except OSError:
             return False
         try:
-            return _readlink("current", fd) == f"versions/{self.pending_version}"
+            return readlink("current", fd) == f"versions/{self.pending_version}"
         finally:
             os.close(fd)
 
     def current_version(self) -> str | None:
-        target = _readlink("current", self.state_fd) if self.state_fd is not None else None
+        target = readlink("current", self.state_fd) if self.state_fd is not None else None
         return target.rpartition("/")[2] if target else None
 
     def undo(self) -> None:
@@ -560,18 +466,18 @@ class InstallDir:
         current = self.current_version()
         backed = set(self._roles_of(current))
         for role in self._links_made:
-            if role not in backed and _readlink(role, self.root_fd) == self.role_link(role):
+            if role not in backed and readlink(role, self.root_fd) == self.role_link(role):
                 os.unlink(role, dir_fd=self.root_fd)
         self._links_made.clear()
         if not self._created_state or current is not None:
             return
         for sub in ("staging", "versions"):
-            _rmdir_quiet(sub, self.state_fd)
+            rmdir_quiet(sub, self.state_fd)
         try:
             os.unlink("lock", dir_fd=self.state_fd)  # waiters see it gone and start over
         except FileNotFoundError:
             pass
-        if not _rmdir_quiet(STATE, self.root_fd):
+        if not rmdir_quiet(STATE, self.root_fd):
             return
         for d in self._created:
             try:
@@ -597,59 +503,3 @@ class InstallDir:
             return []
         finally:
             os.close(vfd)
-
-
-def _rmdir_quiet(name: str, dir_fd: int) -> bool:
-    try:
-        os.rmdir(name, dir_fd=dir_fd)
-        return True
-    except OSError:
-        return False
-
-
-def _check_marker(marker) -> None:
-    """install.json is ours, but lives in a volume: check the fields the next install reads."""
-    c = schema.Checker(MARKER)
-    c.obj(marker)
-    c.digest(c.get(marker, "layer_digest", ""), "layer_digest")
-    c.string(c.get(marker, "serve_at", ""), "serve_at")
-    schema.check_roles(c.get(marker, "roles", ""), c)
-    for i, d in enumerate(c.array(c.get(marker, "dirs", ""), "dirs")):
-        c.string(d, f"dirs[{i}]")
-    for name, rec in c.obj(c.get(marker, "files", ""), "files").items():
-        rec = c.array(rec, f"files.{name}", max_len=4)
-        if len(rec) != 4:
-            c.fail(f"files.{name}", "must be [size, mtime_ns, ctime_ns, inode]")
-        for i, n in enumerate(rec):
-            c.integer(n, f"files.{name}[{i}]", hi=1 << 64)
-
-
-def check_tree(version_fd: int, marker: dict, limit: int = 20) -> list[str]:
-    """What differs between the installed tree and the inventory install.json recorded: a
-    missing or replaced directory, a missing file, or one whose size, mtime, ctime or inode
-    changed (a rewrite that kept the size still changes ctime, which no user can set back)."""
-    problems: list[str] = []
-    for d in marker["dirs"]:
-        try:
-            st = os.stat(d, dir_fd=version_fd, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                problems.append(f"{d}: no longer a directory")
-        except OSError:
-            problems.append(f"{d}: missing")
-        if len(problems) >= limit:
-            return problems
-    for name, (size, mtime, ctime, ino) in marker["files"].items():
-        try:
-            st = os.stat(name, dir_fd=version_fd, follow_symlinks=False)
-        except OSError:
-            problems.append(f"{name}: missing")
-        else:
-            if not stat.S_ISREG(st.st_mode):
-                problems.append(f"{name}: no longer a regular file")
-            elif st.st_size != size:
-                problems.append(f"{name}: {st.st_size} bytes, {size} installed")
-            elif (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != (mtime, ctime, ino):
-                problems.append(f"{name}: changed since it was installed")
-        if len(problems) >= limit:
-            break
-    return problems

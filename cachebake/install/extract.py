@@ -39,6 +39,7 @@ from cachebake.artifact.schema import CAP_GROUP_FILE
 from cachebake.errors import CorruptArtifact, InvalidDocument, UnsafeArtifact
 from cachebake.install import refusals
 from cachebake.install.inflate import Inflater
+from cachebake.install.staging import StagingThread
 from cachebake.install.tarstream import ChunkReader, Header, members
 
 # Real caches compress to 2.6-12% of raw, AOT specializations of a few kernels to ~1% with
@@ -51,7 +52,6 @@ NAME_MAX = 255
 PATH_MAX = 4096
 MAX_DEPTH = 32  # Triton's cache is 3 deep, vLLM's and Inductor's under 10
 MAX_ENTRIES = 4_000_000
-MAX_OPEN_DIRS = 64
 _CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
 
 # Called with each file's member name; returns None (copy as is) or a function that maps the
@@ -208,70 +208,6 @@ class EntryChecker:
                                       f"{'nothing' if role not in self.dirs else 'an empty directory'} for it")
 
 
-class StagingWriter:
-    """Creates entries below ``root_fd`` (a fresh directory only we write to) through
-    directory fds: O_NOFOLLOW and O_EXCL everywhere, no path is resolved twice."""
-
-    def __init__(self, root_fd: int):
-        self.root_fd = root_fd
-        self._fds: dict[str, int] = {}
-        self.umask = os.umask(0o022)
-        os.umask(self.umask)
-
-    def _dir_fd(self, path: str) -> int:
-        if not path:
-            return self.root_fd
-        fd = self._fds.get(path)
-        if fd is None:
-            parent, _, leaf = path.rpartition("/")
-            fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=self._dir_fd(parent))
-            if len(self._fds) >= MAX_OPEN_DIRS:  # entries come sorted: old dirs are done
-                old = next(iter(self._fds))
-                os.close(self._fds.pop(old))
-            self._fds[path] = fd
-        return fd
-
-    def mkdir(self, path: str, stats: LayerStats) -> None:
-        parent, _, leaf = path.rpartition("/")
-        pfd = self._dir_fd(parent)
-        try:
-            os.mkdir(leaf, 0o755, dir_fd=pfd)
-        except FileExistsError:
-            return  # implied by an earlier entry (the checker made sure it is a directory)
-        if 0o755 & self.umask:
-            fd = self._dir_fd(path)
-            os.fchmod(fd, 0o755)
-        stats.dirs.append(path)
-
-    def ensure_parents(self, path: str, stats: LayerStats) -> None:
-        parent = path.rpartition("/")[0]
-        if parent and parent not in self._fds:
-            missing = []
-            while parent:
-                try:
-                    self._dir_fd(parent)
-                    break
-                except FileNotFoundError:
-                    missing.append(parent)
-                    parent = parent.rpartition("/")[0]
-            for d in reversed(missing):
-                self.mkdir(d, stats)
-
-    def open_file(self, path: str, mode: int) -> int:
-        parent, _, leaf = path.rpartition("/")
-        fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                     dir_fd=self._dir_fd(parent))
-        if mode & self.umask:  # the umask dropped bits the server needs
-            os.fchmod(fd, mode)
-        return fd
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
 def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | None,
                   transform: Transform | None = None,
                   checkpoint: Callable[[str], None] = lambda _: None) -> LayerStats:
@@ -281,59 +217,50 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
     front to back; it must raise CorruptArtifact at its end if the bytes were not the declared
     blob.  ``staging_fd``: an empty directory we own; None checks the layer without writing
     (``install --check-only``).  On any refusal the caller removes the staging directory.
+
+    Three threads: the helper decompresses, this one parses and checks, the writer
+    (install/staging.py) creates what was checked, in order; zstd and the system calls
+    release the GIL, so the three overlap much as `zstd -d | tar -x` does.
     """
     checker = EntryChecker(limits)
-    inflater = Inflater(compressed, limits.tar_size)
-    writer = StagingWriter(staging_fd) if staging_fd is not None else None
     stats = checker.stats
+    inflater = Inflater(compressed, limits.tar_size)
+    writer = StagingThread(staging_fd, stats, checkpoint) if staging_fd is not None else None
     try:
         reader = ChunkReader(inflater.next_chunk)
         for h in members(reader):
             mode = checker.check(h)
             if h.isdir:
                 if writer is not None:
-                    writer.ensure_parents(h.name, stats)
-                    writer.mkdir(h.name, stats)
-                checkpoint("entry")
+                    writer.mkdir(h.name)
                 continue
             rewrite = transform(h.name) if transform is not None else None
             if rewrite is not None:
                 if h.size > CAP_GROUP_FILE:
                     raise InvalidDocument(f"group file {h.name}", "", f"is {h.size} bytes, over "
                                           f"the {CAP_GROUP_FILE} this reader accepts")
-                data = rewrite(reader.read_exact(h.size))
+                data = [memoryview(rewrite(reader.read_exact(h.size)))]
                 stats.transformed += 1
-            if writer is None:
-                if rewrite is None:
-                    reader.skip(h.size)
+            elif writer is not None:
+                data = reader.take_views(h.size)
+            else:
+                reader.skip(h.size)
                 continue
-            writer.ensure_parents(h.name, stats)
-            fd = writer.open_file(h.name, mode)
-            try:
-                if rewrite is not None:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                else:
-                    reader.copy_to(fd, h.size)
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-            stats.inventory[h.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-            checkpoint("entry")
+            if writer is not None:
+                writer.write(h.name, mode, data)
         checker.finish(inflater.total)
-    except UnsafeArtifact as e:
-        _prefer_digest_error(inflater, compressed)
-        raise e from None
-    except CorruptArtifact as e:
+        if writer is not None:
+            writer.finish()
+    except (UnsafeArtifact, CorruptArtifact) as e:
+        if writer is not None:
+            writer.cancel()
         _prefer_digest_error(inflater, compressed)
         raise e from None
     except BaseException:
+        if writer is not None:
+            writer.cancel()
         inflater.cancel()
         raise
-    finally:
-        if writer is not None:
-            writer.close()
     return stats
 
 

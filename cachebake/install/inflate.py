@@ -22,7 +22,7 @@ import zstandard
 
 from cachebake.errors import CorruptArtifact, UnsafeArtifact
 
-CHUNK = 1 << 20
+CHUNK = 4 << 20  # few hand-overs between the threads; DEPTH * CHUNK bounds the memory
 DEPTH = 4
 MAX_WINDOW = 1 << 27
 _END = object()

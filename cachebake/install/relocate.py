@@ -41,7 +41,7 @@ def group_rewriter(serve_root: str) -> Callable[[str], Callable[[bytes], bytes] 
     serve_root = os.path.abspath(serve_root)
 
     def for_member(member_name: str):
-        if not is_group_file(member_name):
+        if GROUP_PREFIX not in member_name or not is_group_file(member_name):  # the cheap test first
             return None
         role, key, _ = member_name.split("/")
         key_dir = posixpath.join(serve_root, role, key)

@@ -21,7 +21,6 @@ for the next, so nothing but the current block and chunk is ever held.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -36,6 +35,7 @@ REGULAR, DIRECTORY, PAX = b"0", b"5", b"x"
 # pax keys we accept and ignore (tarfile writes times/ids in pax form for odd values); "path"
 # is the one we use.  "size" and "linkpath" would override the header: never accepted.
 PAX_IGNORED = frozenset({"mtime", "atime", "ctime", "uid", "gid", "uname", "gname"})
+_ZERO_IDS = b"0000000\x00" * 2
 _TYPE_ERRORS = {
     b"1": refusals.HardlinkError, b"2": refusals.SymlinkError, b"3": refusals.DeviceError,
     b"4": refusals.DeviceError, b"6": refusals.FifoError, b"S": refusals.SparseError,
@@ -89,19 +89,20 @@ class ChunkReader:
             need -= take
         return b"".join(parts)
 
-    def copy_to(self, fd: int, n: int) -> None:
-        """Write the next ``n`` bytes to ``fd``, straight from the chunks."""
+    def take_views(self, n: int) -> list[memoryview]:
+        """The next ``n`` bytes as views into the chunks, without copying (a file's data for
+        the writer thread; the chunks are immutable and stay alive through the views)."""
+        views = []
         while n:
             if self._pos == len(self._buf) and not self._fill():
                 raise Truncated(f"layer stream is damaged or truncated: it ends inside an entry "
                                 f"(at byte {self.offset})")
             take = min(n, len(self._buf) - self._pos)
-            view = memoryview(self._buf)[self._pos:self._pos + take]
-            while view:
-                view = view[os.write(fd, view):]
+            views.append(memoryview(self._buf)[self._pos:self._pos + take])
             self._pos += take
             self.offset += take
             n -= take
+        return views
 
     def skip(self, n: int) -> None:
         while n:
@@ -222,9 +223,13 @@ def members(reader: ChunkReader) -> Iterator[Header]:
         kind = block[156:157]
         size = _octal(block[124:136], "size", shown, offset)
         mode = _octal(block[100:108], "mode", shown, offset)
-        for what, lo, hi in (("uid", 108, 116), ("gid", 116, 124), ("mtime", 136, 148),
-                             ("devmajor", 329, 337), ("devminor", 337, 345)):
-            _octal(block[lo:hi], what, shown, offset)
+        if block[108:124] != _ZERO_IDS:  # uid, gid: the packer writes 0 (fast path)
+            _octal(block[108:116], "uid", shown, offset)
+            _octal(block[116:124], "gid", shown, offset)
+        if block[329:345] != _ZERO_IDS:  # devmajor, devminor
+            _octal(block[329:337], "devmajor", shown, offset)
+            _octal(block[337:345], "devminor", shown, offset)
+        _octal(block[136:148], "mtime", shown, offset)
         if kind == PAX:
             if pax is not None:
                 raise refusals.PaxRecordError(shown, f"is a second pax header in a row (at byte {offset})")
