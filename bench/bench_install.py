@@ -22,18 +22,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
-NOTES = """Reading it: on the disk, creating the files is the floor for both (openat with O_CREAT is ~70% of
-`tar -x`'s system time here, and neither threads nor dir fds make it cheaper on this disk).
-cachebake install pays for what the pipeline skips: it verifies the digest, decompresses and
-checks every entry *before* writing anything (so a bad layer leaves DIR untouched), then
-writes, relocates the group files, syncs the filesystem once (syncfs) and switches one
-symlink.  `zstd -d | tar -x` decompresses on one core while tar writes on the other, and
-neither checks nor syncs.  A repeat install is a marker check and costs only Python's start.
-This VM's disk speed drifts a lot between runs (the same `tar -x` took 0.11-0.57 s over the
-day), so read the columns against each other within one table: rounds are interleaved.  tmpfs
-shows the CPU cost alone: ~0.12 s more than tar for this cache, mostly tarfile's header parsing
-(~0.05 s) and the PEP 706 data filter's realpath() per entry (~0.04 s); decompression runs on a
-helper thread while the headers are checked (cachebake/install/inflate.py)."""
+NOTES = """Reading it: install reads the layer once (cachebake/install/extract.py): a helper thread
+decompresses, the main thread parses and checks each tar header, a third thread creates what
+passed in a private staging directory, and the blob's digest is checked at the end before the
+switch; zstd and the system calls release the GIL, so the three overlap as `zstd -d | tar -x`'s
+two processes do.  Install also verifies every document, records the inventory (install.json),
+relocates the group files, syncs the filesystem once (syncfs) and switches one symlink; the
+pipeline does none of that.  A repeat install re-checks the installed tree against install.json
+(one stat per entry) and otherwise costs Python's start.  This VM has 2 cores shared with other
+work and its disk speed drifts a lot between runs, so read the columns against each other within
+one table: rounds are interleaved, and the load average at the start and end is printed."""
 
 
 def cache_stats(triton_dir: Path) -> tuple[int, int, int]:
@@ -68,10 +66,11 @@ def main() -> None:
         f"- machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
         f"Python {platform.python_version()}",
         f"- command: `python3 bench/bench_install.py --repeat {args.repeat}`",
+        f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
     for workdir in workdirs:
         lines += measure(workdir, args.repeat, with_cache_line=workdir == workdirs[0])
-    lines += ["", NOTES]
+    lines += ["", f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", "", NOTES]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

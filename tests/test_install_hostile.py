@@ -21,7 +21,7 @@ import zstandard
 
 import badlayers
 from badlayers import Entry, pad, raw_dir, raw_file, raw_tar, ustar_header
-from installkit import cli, current_fingerprint_dict, env_with, resolved_view, tree_state
+from installkit import INSTALL_PYTHON, cli, current_fingerprint_dict, env_with, resolved_view, tree_state
 
 from cachebake.errors import ExitCode
 
@@ -86,8 +86,7 @@ def site(tmp_path, fp, fp_file):
 
 
 def cli_timeout(timeout, *args, env=None):
-    cmd = [sys.executable, "-m", "cachebake.cli", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or env_with(), cwd="/", timeout=timeout)
+    return cli(*args, env=env, timeout=timeout)
 
 
 def _head(*parts: bytes) -> bytes:
@@ -218,7 +217,7 @@ def test_3_padding_and_skippable_frames_cannot_inflate_memory(site):
     # at fork (and this test process built 512 MiB), so measure from a fresh interpreter.
     probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], capture_output=True); "
              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    r = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "cachebake.cli", "install", str(art),
+    r = subprocess.run([sys.executable, "-c", probe, INSTALL_PYTHON, "-m", "cachebake.cli", "install", str(art),
                         "--to", str(site.tmp / "rss"), "--fingerprint", str(site.fp_file)],
                        capture_output=True, text=True, env=env_with(), cwd="/")
     peak_mib = int(r.stdout) / 1024
@@ -492,7 +491,7 @@ def test_10_many_empty_files_are_checked_against_free_inodes(site):
     mnt = site.tmp / "mnt"
     mnt.mkdir()
     r = _tmpfs_run(f"mount -t tmpfs -o nr_inodes=1000,size=64m tmpfs {mnt} && "
-                   f"{sys.executable} -m cachebake.cli install {art} --to {mnt}/dir --fingerprint {site.fp_file}; "
+                   f"{INSTALL_PYTHON} -m cachebake.cli install {art} --to {mnt}/dir --fingerprint {site.fp_file}; "
                    f"echo rc=$?; ls -A {mnt}")
     assert "rc=3" in r.stdout, r.stdout + r.stderr
     assert "free inodes, the bake needs 3004 files and directories" in r.stderr
@@ -576,7 +575,7 @@ def test_12_python_without_tarfile_data_filter(site):
             "from cachebake.cli import main\nsys.exit(main())\n")
     bad = badlayers.artifact_from_entries(site.tmp / "bad", GOOD + [Entry(f"triton/{KEY}/../../x", data=b"x")], site.fp)
     new = badlayers.artifact_from_entries(site.tmp / "new", GOOD + [Entry(f"triton/{KEY}/new", data=b"n")], site.fp)
-    base = [sys.executable, "-c", prog, "install"]
+    base = [INSTALL_PYTHON, "-c", prog, "install"]
     r = subprocess.run(base + [str(bad), "--to", str(site.to), "--fingerprint", str(site.fp_file)],
                        capture_output=True, text=True, env=env_with(), cwd="/")
     assert r.returncode == ExitCode.UNSAFE and "climbs out" in r.stderr, r.stderr
