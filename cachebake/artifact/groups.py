@@ -9,7 +9,6 @@ same key dir, which is all Triton ever writes; anything else is refused, never p
 from __future__ import annotations
 
 import json
-import posixpath
 
 from cachebake.artifact import schema
 from cachebake.errors import InvalidDocument
@@ -22,10 +21,11 @@ class InvalidGroup(ValueError):
     key dir (``unsafe`` True); ``field`` is the JSON path at fault.  Callers turn it into their
     own error class."""
 
-    def __init__(self, reason: str, unsafe: bool, field: str = ""):
+    def __init__(self, reason: str, unsafe: bool, field: str = "", detail: str = ""):
         super().__init__(reason)
         self.unsafe = unsafe
         self.field = field
+        self.detail = detail or reason
 
 
 def relocated_group(data: bytes, key_dir: str, keep: set[str] | None = None) -> bytes:
@@ -38,14 +38,14 @@ def relocated_group(data: bytes, key_dir: str, keep: set[str] | None = None) -> 
         children = schema.check_group(grp, "group file")
     except InvalidDocument as e:
         raise InvalidGroup(f"is not valid Triton group JSON ({e.field or 'top level'}: {e.reason})",
-                           unsafe=False, field=e.field) from None
+                           unsafe=False, field=e.field, detail=f"{e.reason} (not valid Triton group JSON)") from None
     new = {}
     for name in children:
         if not name or "/" in name or "\x00" in name or name in (".", ".."):
             raise InvalidGroup(f"names a child {name!r} that is not a plain file name", unsafe=True,
                                field=f"child_paths.{name}")
         if keep is None or name in keep:
-            new[name] = posixpath.join(key_dir, name)
+            new[name] = f"{key_dir.rstrip('/')}/{name}"
     grp["child_paths"] = new
     # Same shape Triton writes (json.dumps defaults), so a rewritten file reads like a native one.
     return json.dumps(grp).encode()

@@ -95,7 +95,9 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
         layer_digest=bake.layer_digest, to=str(dest.root),
         serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
     dest.check_usable(roles)
-    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (str(dest.root), serve_root))
+    # the longest path an entry lands at: DIR/.cachebake/versions/<digest12>-<rand8>/<entry>
+    version_root = str(dest.state / "versions" / ("0" * 21))
+    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (version_root, serve_root))
 
     def ours(marker: dict | None) -> bool:
         return bool(marker) and marker["layer_digest"] == bake.layer_digest \

@@ -33,7 +33,7 @@ def rewrite_group(data: bytes, member_name: str, key_dir: str) -> bytes:
     except InvalidGroup as e:
         if e.unsafe:
             raise UnsafeArtifact(f"group file {member_name!r} {e}") from None
-        raise InvalidDocument(f"group file {member_name!r}", e.field, str(e)) from None
+        raise InvalidDocument(f"group file {member_name}", e.field, e.detail) from None
 
 
 def group_rewriter(serve_root: str) -> Callable[[str], Callable[[bytes], bytes] | None]:

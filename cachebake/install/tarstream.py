@@ -21,6 +21,7 @@ for the next, so nothing but the current block and chunk is ever held.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -36,6 +37,7 @@ REGULAR, DIRECTORY, PAX = b"0", b"5", b"x"
 # is the one we use.  "size" and "linkpath" would override the header: never accepted.
 PAX_IGNORED = frozenset({"mtime", "atime", "ctime", "uid", "gid", "uname", "gname"})
 _ZERO_IDS = b"0000000\x00" * 2
+_NO_IDS = b"\x00" * 16
 _TYPE_ERRORS = {
     b"1": refusals.HardlinkError, b"2": refusals.SymlinkError, b"3": refusals.DeviceError,
     b"4": refusals.DeviceError, b"6": refusals.FifoError, b"S": refusals.SparseError,
@@ -135,18 +137,27 @@ def _padding(size: int) -> int:
     return -size % BLOCK
 
 
+_OCTAL = re.compile(rb" *([0-7]*)[ \x00]*\Z")
+_seen_fields: dict[bytes, int] = {}  # a layer repeats its modes, ids and mtimes: parse each once
+
+
 def _octal(field: bytes, what: str, name: str, offset: int) -> int:
-    """A plain octal number, space/NUL padded.  Base-256 (high bit set), signs and any other
-    byte are refused: the packer never writes them, and readers disagree on them."""
-    if field[:1] and field[0] & 0x80:
-        raise refusals.NumericFieldError(name, f"has a base-256 {what} field at byte {offset}")
-    digits = field.rstrip(b"\x00 ").lstrip(b" ")
-    if not digits:
-        return 0
-    if not digits.isdigit() or b"8" in digits or b"9" in digits:
+    """A plain octal number, space/NUL padded.  Base-256 (high bit set), signs, digits after
+    a NUL and any other byte are refused: the packer never writes them, and readers disagree
+    on them."""
+    value = _seen_fields.get(field)
+    if value is not None:
+        return value
+    m = _OCTAL.match(field)
+    if m is None:
+        if field[:1] and field[0] & 0x80:
+            raise refusals.NumericFieldError(name, f"has a base-256 {what} field at byte {offset}")
         raise refusals.NumericFieldError(name, f"has a {what} field {field!r} that is not plain octal "
                                                f"(at byte {offset})")
-    return int(digits, 8)
+    value = int(m.group(1) or b"0", 8)
+    if len(_seen_fields) < 4096:
+        _seen_fields[field] = value
+    return value
 
 
 def _decode(raw: bytes, offset: int) -> str:
@@ -226,7 +237,7 @@ def members(reader: ChunkReader) -> Iterator[Header]:
         if block[108:124] != _ZERO_IDS:  # uid, gid: the packer writes 0 (fast path)
             _octal(block[108:116], "uid", shown, offset)
             _octal(block[116:124], "gid", shown, offset)
-        if block[329:345] != _ZERO_IDS:  # devmajor, devminor
+        if block[329:345] not in (_ZERO_IDS, _NO_IDS):  # devmajor, devminor
             _octal(block[329:337], "devmajor", shown, offset)
             _octal(block[337:345], "devminor", shown, offset)
         _octal(block[136:148], "mtime", shown, offset)
