@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Iterator
 
 from cachebake.artifact import schema
-from cachebake.errors import BadInput, Locked
+from cachebake.errors import BadInput, Locked, from_os_error
 from cachebake.install.inventory import MARKER, check_marker, check_tree
 from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
                                      rmtree_at, sync_tree)
@@ -113,6 +113,8 @@ class InstallDir:
                     self._created.insert(0, d)
                 except FileExistsError:
                     pass
+                except OSError as e:
+                    raise from_os_error(e, self.root, "cannot create it") from None
         try:
             fd = os.open(self.root, DIR_FLAGS)
         except FileNotFoundError:
@@ -135,6 +137,8 @@ class InstallDir:
                     self._created_state = True
             except FileExistsError:
                 pass
+            except OSError as e:  # DIR not writable for this uid, read-only, full
+                raise from_os_error(e, shown, "cannot create it") from None
         try:
             fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
         except FileNotFoundError:

@@ -6,7 +6,8 @@ O_CREAT|O_EXCL|O_NOFOLLOW, always relative to directory fds it opened itself bel
 staging directory, so no path is resolved twice and nothing outside it can be reached.
 open/write/close release the GIL, so file creation overlaps with the parsing of the next
 headers (on a disk, creating files is most of `tar -x`'s time too).  A file's data arrives as
-views into the decompressed chunks (no copy); the queue bounds how many are in flight.
+views into the decompressed chunks (no copy); entries go over in batches (one lock round trip
+per batch), and the queue bounds how many batches, so how many chunks, are in flight.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import threading
 from typing import Callable
 
 MAX_OPEN_DIRS = 64
-QUEUE_DEPTH = 256
+QUEUE_DEPTH = 8  # batches in flight
+BATCH_ENTRIES = 64  # entries per hand-over: one lock round trip per batch, not per entry
+BATCH_BYTES = 1 << 20
 _STOP = None
 
 
@@ -102,42 +105,55 @@ class StagingThread:
         self._out = StagingWriter(root_fd)
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_DEPTH)
         self._cancelled = False
+        self._batch: list = []
+        self._batch_bytes = 0
         self._thread = threading.Thread(target=self._run, name="cachebake-staging", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         stats, out = self.stats, self._out
         while True:
-            item = self._queue.get()
-            if item is _STOP or self._cancelled:
+            batch = self._queue.get()
+            if batch is _STOP or self._cancelled:
                 break
             if self.error is not None:
                 continue
             try:
-                name, mode, data = item
-                if data is None:
-                    out.mkdir(name, stats.dirs)
-                else:
-                    out.ensure_parents(name, stats.dirs)
-                    st = out.write_file(name, mode, data)
-                    stats.inventory[name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-                self.checkpoint("entry")
+                for name, mode, data in batch:
+                    if self._cancelled:
+                        break
+                    if data is None:
+                        out.mkdir(name, stats.dirs)
+                    else:
+                        out.ensure_parents(name, stats.dirs)
+                        st = out.write_file(name, mode, data)
+                        stats.inventory[name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                    self.checkpoint("entry")
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
         out.close()
 
-    def _put(self, item) -> None:
+    def _add(self, item, nbytes: int) -> None:
+        self._batch.append(item)
+        self._batch_bytes += nbytes
+        if len(self._batch) >= BATCH_ENTRIES or self._batch_bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
         if self.error is not None:
             raise self.error
-        self._queue.put(item)
+        if self._batch:
+            self._queue.put(self._batch)
+            self._batch, self._batch_bytes = [], 0
 
     def mkdir(self, name: str) -> None:
-        self._put((name, 0o755, None))
+        self._add((name, 0o755, None), 0)
 
     def write(self, name: str, mode: int, data: list[memoryview]) -> None:
-        self._put((name, mode, data))
+        self._add((name, mode, data), sum(v.nbytes for v in data))
 
     def finish(self) -> None:
+        self._flush()
         self._queue.put(_STOP)
         self._thread.join()
         if self.error is not None:

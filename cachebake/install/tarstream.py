@@ -141,7 +141,12 @@ _OCTAL = re.compile(rb" *([0-7]*)[ \x00]*\Z")
 _seen_fields: dict[bytes, int] = {}  # a layer repeats its modes, ids and mtimes: parse each once
 
 
-def _octal(field: bytes, what: str, name: str, offset: int) -> int:
+def _shown(raw_name: bytes, offset: int) -> str:
+    """An entry's name for a message, before it could be decoded and checked."""
+    return raw_name.decode("utf-8", "replace") or f"<header at byte {offset}>"
+
+
+def _octal(field: bytes, what: str, raw_name: bytes, offset: int) -> int:
     """A plain octal number, space/NUL padded.  Base-256 (high bit set), signs, digits after
     a NUL and any other byte are refused: the packer never writes them, and readers disagree
     on them."""
@@ -150,6 +155,7 @@ def _octal(field: bytes, what: str, name: str, offset: int) -> int:
         return value
     m = _OCTAL.match(field)
     if m is None:
+        name = _shown(raw_name, offset)
         if field[:1] and field[0] & 0x80:
             raise refusals.NumericFieldError(name, f"has a base-256 {what} field at byte {offset}")
         raise refusals.NumericFieldError(name, f"has a {what} field {field!r} that is not plain octal "
@@ -220,32 +226,33 @@ def members(reader: ChunkReader) -> Iterator[Header]:
                                       "end-of-archive marker")
             return
         raw_name = block[0:100].split(b"\x00", 1)[0]
-        shown = raw_name.decode("utf-8", "replace") or f"<header at byte {offset}>"
-        stored = _octal(block[148:156], "checksum", shown, offset)
+        stored = _octal(block[148:156], "checksum", raw_name, offset)
         # The unsigned sum with the checksum field read as spaces, as POSIX defines it (tarfile
         # also accepts a signed sum; GNU tar warns; the packer writes the unsigned one).
         if stored != sum(block) - sum(block[148:156]) + 8 * 32:
-            raise refusals.HeaderChecksumError(shown, f"has a header whose checksum does not match "
+            raise refusals.HeaderChecksumError(_shown(raw_name, offset), f"has a header whose checksum does not match "
                                                       f"(at byte {offset}): tarfile would stop reading "
                                                       "there while GNU tar skips it")
         if block[257:263] != b"ustar\x00" or block[263:265] != b"00":
-            raise refusals.HeaderFormatError(shown, f"has a {block[257:265]!r} header, not POSIX ustar "
+            raise refusals.HeaderFormatError(_shown(raw_name, offset), f"has a {block[257:265]!r} header, not POSIX ustar "
                                                     f"(at byte {offset})")
         kind = block[156:157]
-        size = _octal(block[124:136], "size", shown, offset)
-        mode = _octal(block[100:108], "mode", shown, offset)
+        size = _octal(block[124:136], "size", raw_name, offset)
+        mode = _octal(block[100:108], "mode", raw_name, offset)
         if block[108:124] != _ZERO_IDS:  # uid, gid: the packer writes 0 (fast path)
-            _octal(block[108:116], "uid", shown, offset)
-            _octal(block[116:124], "gid", shown, offset)
+            _octal(block[108:116], "uid", raw_name, offset)
+            _octal(block[116:124], "gid", raw_name, offset)
         if block[329:345] not in (_ZERO_IDS, _NO_IDS):  # devmajor, devminor
-            _octal(block[329:337], "devmajor", shown, offset)
-            _octal(block[337:345], "devminor", shown, offset)
-        _octal(block[136:148], "mtime", shown, offset)
+            _octal(block[329:337], "devmajor", raw_name, offset)
+            _octal(block[337:345], "devminor", raw_name, offset)
+        _octal(block[136:148], "mtime", raw_name, offset)
         if kind == PAX:
             if pax is not None:
-                raise refusals.PaxRecordError(shown, f"is a second pax header in a row (at byte {offset})")
+                raise refusals.PaxRecordError(_shown(raw_name, offset),
+                                              f"is a second pax header in a row (at byte {offset})")
             if size > MAX_PAX:
-                raise refusals.PaxRecordError(shown, f"is a {size}-byte pax header, over {MAX_PAX}")
+                raise refusals.PaxRecordError(_shown(raw_name, offset),
+                                              f"is a {size}-byte pax header, over {MAX_PAX}")
             pax = _parse_pax(reader.read_exact(size), offset)
             reader.skip(_padding(size))
             continue
