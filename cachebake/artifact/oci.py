@@ -151,6 +151,11 @@ class VerifyingReader:
         buf[:len(data)] = data
         return len(data)
 
+    @property
+    def remaining(self) -> int:
+        """Bytes still to come of the declared size."""
+        return max(0, self._size - self._seen)
+
     def check(self) -> None:
         if self._seen != self._size:
             raise CorruptArtifact(f"blob {self._want[:19]} is truncated: {self._seen} of {self._size} bytes")

@@ -264,10 +264,16 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
     return stats
 
 
+DRAIN_LIMIT = 256 << 20
+
+
 def _prefer_digest_error(inflater: Inflater, compressed: BinaryIO) -> None:
     """A refusal of a blob that does not match its digest is reported as that: a damaged or
-    tampered download, not a crafted layer.  Reads the rest of the blob (bounded by the
-    declared size, which the stream enforces) to find out."""
+    tampered download, not a crafted layer.  Reads the rest of the blob to find out, when that
+    rest is at most DRAIN_LIMIT (a stream that says, like VerifyingReader's ``remaining``)."""
     inflater.cancel()
+    remaining = getattr(compressed, "remaining", None)
+    if remaining is None or remaining > DRAIN_LIMIT:
+        return
     while compressed.read(1 << 20):  # raises CorruptArtifact at the end if the digest differs
         pass

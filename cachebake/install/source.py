@@ -13,7 +13,10 @@ A source has two methods, and install needs nothing else from it:
     length: a registry source can hand over the HTTP body of the blob as it downloads, wrapped
     in ``VerifyingReader(response, ref.layer_digest, ref.layer_size)``; install decompresses,
     checks and writes it into a private staging dir while it arrives and makes nothing
-    visible before that end-of-stream check passed (install/extract.py).
+    visible before that end-of-stream check passed (install/extract.py).  Optional:
+    ``remaining`` (bytes still to come), which lets a refusal read a short rest of the blob to
+    report a digest mismatch as such; ``close()`` when the context ends (a refusal may leave
+    the stream unread: close the connection).
 
 Artifact directories and bare OCI layouts go through the artifact reader
 (``cachebake.artifact.oci.Artifact``).  A bare ``.tar.zst`` layer comes with its manifest:
