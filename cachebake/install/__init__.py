@@ -127,14 +127,15 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
         return report
 
     with dest.locked(lock_timeout):
-        marker, version, damage = dest.installed()
-        report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
-        if ours(marker) and not damage:  # maybe a racing install did it while we waited
-            return done(version)
-        report.status = "repaired" if ours(marker) else "replaced" if marker or damage else "installed"
-        report.damage = damage if ours(marker) else []
-        staged, staged_fd = dest.new_staging()
+        staged, staged_fd = None, -1
         try:
+            marker, version, damage = dest.installed()
+            report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
+            if ours(marker) and not damage:  # maybe a racing install did it while we waited
+                return done(version)
+            report.status = "repaired" if ours(marker) else "replaced" if marker or damage else "installed"
+            report.damage = damage if ours(marker) else []
+            staged, staged_fd = dest.new_staging()
             with source.open_layer(bake) as stream:
                 stats = extract.extract_layer(stream, limits, staged_fd, transform, atomic.checkpoint)
             new_marker = {
@@ -146,9 +147,10 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
         except BaseException:
             # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install, and a
             # DIR this install created is removed again.
-            os.close(staged_fd)
-            staged_fd = -1
-            dest.remove_staging(staged)
+            if staged is not None:
+                os.close(staged_fd)
+                staged_fd = -1
+                dest.remove_staging(staged)
             dest.undo()
             raise
         finally:
