@@ -22,8 +22,8 @@ import zstandard
 
 from cachebake.errors import CorruptArtifact, UnsafeArtifact
 
-CHUNK = 4 << 20  # few hand-overs between the threads; DEPTH * CHUNK bounds the memory
-DEPTH = 4
+CHUNK = 1 << 20  # bigger chunks cost more CPU (fresh pages per read), smaller more hand-overs
+DEPTH = 8  # DEPTH * CHUNK bounds the memory in flight
 MAX_WINDOW = 1 << 27
 _END = object()
 
