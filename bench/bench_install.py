@@ -61,7 +61,13 @@ def main() -> None:
     ap.add_argument("--workdir", action="append", default=None,
                     help="where to pack and extract (the disk measured); repeatable "
                          "(default: the temp dir's disk, and /dev/shm as a CPU-bound reference)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: time install's phases (extraction, syncfs, commit) beside the pipeline")
     args = ap.parse_args()
+    if args.phases:
+        for workdir in args.workdir or [tempfile.gettempdir()]:
+            print(phases(workdir, args.repeat))
+        return
     workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     lines = [
@@ -80,6 +86,53 @@ def main() -> None:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+
+
+def phases(workdir: str, repeat: int) -> str:
+    """Where an install's time goes: extraction (decompress + check + write, one pass), the
+    syncfs, the commit (marker, sync, links, switch), beside the pipeline on the same disk."""
+    import installkit
+    import realistic_cache
+    from badlayers import layer_blob
+    from cachebake.install import atomic, extract, install_artifact
+
+    spent: dict[str, list[float]] = {}
+
+    def timing(owner, name, label):
+        real = getattr(owner, name)
+
+        def timed_call(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                spent.setdefault(label, []).append(time.perf_counter() - t)
+        setattr(owner, name, timed_call)
+
+    work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
+    try:
+        art = installkit.pack(realistic_cache.build().parent, work / "artifact")
+        fp = work / "fp.json"
+        installkit.cli("fingerprint", "--target", "sm_90", "--out", fp, check=True)
+        blob = layer_blob(art)
+        timing(extract, "extract_layer", "extraction")
+        timing(atomic, "sync_tree", "syncfs")
+        timing(atomic.InstallDir, "commit", "commit (incl. syncfs)")
+        for i in range(repeat):
+            os.sync()
+            t = time.perf_counter()
+            install_artifact(art, work / f"o{i}", fingerprint_file=str(fp))
+            spent.setdefault("install_artifact()", []).append(time.perf_counter() - t)
+            os.sync()
+            (work / f"t{i}").mkdir()
+            t = time.perf_counter()
+            subprocess.run(f"zstd -d -c {blob} | tar -x -C {work / f't{i}'}", shell=True, check=True)
+            spent.setdefault("zstd -d | tar -x", []).append(time.perf_counter() - t)
+        return "\n".join(f"{workdir}: {k}: median {statistics.median(v) * 1000:.0f} ms, "
+                         f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f} (n={len(v)})"
+                         for k, v in spent.items())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
