@@ -16,7 +16,8 @@ A source has two methods, and install needs nothing else from it:
     visible before that end-of-stream check passed (install/extract.py).  Optional:
     ``remaining`` (bytes still to come), which lets a refusal read a short rest of the blob to
     report a digest mismatch as such; ``close()`` when the context ends (a refusal may leave
-    the stream unread: close the connection).
+    the stream unread: close the connection).  A read must not block forever (give the HTTP
+    read a timeout and raise on it): the decompressing thread is joined on a refusal.
 
 Artifact directories and bare OCI layouts go through the artifact reader
 (``cachebake.artifact.oci.Artifact``).  A bare ``.tar.zst`` layer comes with its manifest:
