@@ -389,6 +389,8 @@ def check_bake_manifest(doc, document: str, *, prefix: str = "") -> dict:
         c.integer(n, f"{inv_field}.other_files.{role}")
     if doc.get("bake") is not None:
         c.obj(doc["bake"], _join(p, "bake"))
+    if doc.get("record") is not None:  # the compile record's blob (cachebake.replay), if any
+        c.descriptor(doc["record"], _join(p, "record"))
     return doc
 
 

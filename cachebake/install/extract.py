@@ -35,7 +35,6 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
 
-from cachebake.artifact.schema import CAP_GROUP_FILE
 from cachebake.errors import CorruptArtifact, InvalidDocument, UnsafeArtifact
 from cachebake.install import refusals
 from cachebake.install.inflate import Inflater
@@ -55,7 +54,10 @@ MAX_ENTRIES = 4_000_000
 _CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
 
 # Called with each file's member name; returns None (copy as is) or a function that maps the
-# file's bytes to the bytes to write (relocation of Triton group files).
+# file's bytes to the bytes to write (relocation of Triton group files), or returns the very
+# object it was given to leave the file as is.  Such a file is held in memory: at most
+# MAX_TRANSFORMED bytes (a group file's own cap, 1 MiB, is relocate.py's).
+MAX_TRANSFORMED = 64 << 20
 Transform = Callable[[str], "Callable[[bytes], bytes] | None"]
 
 
@@ -236,11 +238,14 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
                 continue
             rewrite = transform(h.name) if transform is not None else None
             if rewrite is not None:
-                if h.size > CAP_GROUP_FILE:
-                    raise InvalidDocument(f"group file {h.name}", "", f"is {h.size} bytes, over "
-                                          f"the {CAP_GROUP_FILE} this reader accepts")
-                data = [memoryview(rewrite(reader.read_exact(h.size)))]
-                stats.transformed += 1
+                if h.size > MAX_TRANSFORMED:
+                    raise InvalidDocument(h.name, "", f"is {h.size} bytes, over the {MAX_TRANSFORMED} "
+                                          "install reads into memory to rewrite")
+                original = reader.read_exact(h.size)
+                new = rewrite(original)
+                if new is not original:  # a rewrite returns its input itself to leave it as is
+                    stats.transformed += 1
+                data = [memoryview(new)]
             elif writer is not None:
                 data = reader.take_views(h.size)
             else:

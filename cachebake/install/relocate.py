@@ -16,6 +16,7 @@ import posixpath
 from typing import Callable
 
 from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
+from cachebake.artifact.schema import CAP_GROUP_FILE
 from cachebake.errors import InvalidDocument, UnsafeArtifact
 
 
@@ -28,6 +29,9 @@ def is_group_file(member_name: str) -> bool:
 
 def rewrite_group(data: bytes, member_name: str, key_dir: str) -> bytes:
     """Return the group file ``member_name`` with every child path in ``key_dir``."""
+    if len(data) > CAP_GROUP_FILE:
+        raise InvalidDocument(f"group file {member_name}", "", f"is {len(data)} bytes, over the "
+                              f"{CAP_GROUP_FILE} this reader accepts")
     try:
         return relocated_group(data, key_dir)
     except InvalidGroup as e:
