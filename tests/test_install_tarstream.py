@@ -68,3 +68,29 @@ def test_zero_padding_to_the_record_is_accepted():
     body = raw_dir("d") + raw_file("d/f", b"x" * 1000)
     assert [n for n, *_ in read_all(raw_tar(body))] == ["d", "d/f"]
     assert len(raw_tar(body)) % 10240 == 0
+
+
+def test_extract_to_writes_a_good_layer_and_removes_a_refused_one(tmp_path):
+    """The one-pass extractor outside an install (fold-back's base): a manifest dict is
+    schema-checked, a refusal leaves no directory behind."""
+    from installkit import current_fingerprint_dict
+
+    from cachebake.artifact.oci import Artifact
+    from cachebake.install import extract
+
+    fp = current_fingerprint_dict()
+    for name, extra, ok in (("good", [], True), ("bad", [badlayers.Entry("triton/K/../../x", data=b"x")], False)):
+        entries = [badlayers.Entry("triton", tarfile.DIRTYPE), badlayers.Entry("triton/K", tarfile.DIRTYPE),
+                   badlayers.Entry("triton/K/f", data=b"data"), *extra]
+        art = Artifact(badlayers.artifact_from_entries(tmp_path / name, entries, fp))
+        bake = art.select("sm_90")
+        limits = extract.LayerLimits.from_manifest(bake.manifest.to_dict(), bake.layer_size)
+        dest = tmp_path / f"{name}-out"
+        with art.open_layer(bake) as stream:
+            if ok:
+                stats = extract.extract_to(stream, limits, dest)
+                assert (dest / "triton" / "K" / "f").read_bytes() == b"data" and stats.files == 1
+            else:
+                with pytest.raises(refusals.TraversalError):
+                    extract.extract_to(stream, limits, dest)
+                assert not dest.exists()

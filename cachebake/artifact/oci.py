@@ -225,9 +225,12 @@ class Artifact:
     def targets(self) -> list[str]:
         return sorted(self.entries_by_target())
 
-    def read_json_blob(self, desc: dict, document: str, cap: int):
-        """A small JSON blob named by a (schema-checked) descriptor: bounded, verified, parsed."""
+    def read_json_blob(self, desc: dict, document: str | None = None, cap: int = schema.CAP_BLOB):
+        """A JSON blob named by a descriptor: bounded, verified, parsed (not schema-checked:
+        that is the caller's, who knows what the blob is)."""
+        schema.Checker(document or "descriptor").descriptor(desc, "")
         digest, size = desc["digest"], desc["size"]
+        document = document or f"blob {digest[:19]}"
         if size > cap:
             raise InvalidDocument(document, "", f"is declared {size} bytes, over the {cap} this reader accepts")
         data = schema.read_document(blob_path(self.layout, digest), document, cap)

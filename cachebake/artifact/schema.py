@@ -47,6 +47,7 @@ CAP_CONFIG = 32 * MiB
 CAP_SUMMARY = 64 * MiB  # cachebake.json: every target's manifest
 CAP_GROUP_FILE = 1 * MiB  # Triton writes a few hundred bytes
 CAP_FINGERPRINT = 1 * MiB
+CAP_BLOB = 64 * MiB  # any other JSON blob an artifact carries (the compile record)
 MAX_DESCRIPTORS = 4096
 MAX_LIST = 1_000_000
 

@@ -35,6 +35,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
 
+from cachebake.artifact.manifest import BakeManifest
 from cachebake.errors import CorruptArtifact, InvalidDocument, UnsafeArtifact
 from cachebake.install import refusals
 from cachebake.install.inflate import Inflater
@@ -75,6 +76,10 @@ class LayerLimits:
 
     @classmethod
     def from_manifest(cls, manifest, compressed_size: int, roots: tuple[str, ...] = ()) -> "LayerLimits":
+        """``manifest``: a BakeManifest, or its dict (schema-checked here); ``roots``: where
+        entries will land (for PATH_MAX)."""
+        if isinstance(manifest, dict):
+            manifest = BakeManifest.from_dict(manifest)
         layer = manifest.layer
         longest = max((len(os.fsencode(r.rstrip("/"))) for r in roots), default=0)
         limits = cls(roles=frozenset(manifest.roles), entries=layer.entries, files=layer.files,
@@ -267,6 +272,29 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
         inflater.cancel()
         raise
     return stats
+
+
+def extract_to(compressed: BinaryIO, limits: LayerLimits, path: str | os.PathLike,
+               transform: Transform | None = None) -> LayerStats:
+    """``extract_layer`` into a new directory ``path`` (created; removed again on any refusal),
+    for callers that unpack a layer outside an install (fold-back's base)."""
+    from cachebake.install.fsops import DIR_FLAGS, rmtree_at
+
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    os.mkdir(path, 0o755)
+    fd = os.open(path, DIR_FLAGS)
+    try:
+        return extract_layer(compressed, limits, fd, transform)
+    except BaseException:
+        parent_fd = os.open(parent, DIR_FLAGS)
+        try:
+            rmtree_at(parent_fd, name)
+        finally:
+            os.close(parent_fd)
+        raise
+    finally:
+        os.close(fd)
 
 
 DRAIN_LIMIT = 256 << 20
