@@ -57,8 +57,9 @@ _CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
 # Called with each file's member name; returns None (copy as is) or a function that maps the
 # file's bytes to the bytes to write (relocation of Triton group files), or returns the very
 # object it was given to leave the file as is.  Such a file is held in memory: at most
-# MAX_TRANSFORMED bytes (a group file's own cap, 1 MiB, is relocate.py's).
-MAX_TRANSFORMED = 64 << 20
+# MAX_TRANSFORMED bytes (a group file's own cap, 1 MiB, is relocate.py's; the bound is for
+# whole-file rewrites like vLLM's torch.compile artifacts, which can run to hundreds of MB).
+MAX_TRANSFORMED = 1 << 30
 Transform = Callable[[str], "Callable[[bytes], bytes] | None"]
 
 
