@@ -110,7 +110,7 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
         return report
 
     with dest.opened(create=False):
-        marker, version, damage = dest.installed()
+        marker, version, damage = dest.inspect()
         leftovers = dest.state_fd is not None and dest.has_leftovers(version)
     if ours(marker) and not damage and not (leftovers and not check_only):
         return done(version)
@@ -129,7 +129,7 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     with dest.locked(lock_timeout):
         staged, staged_fd = None, -1
         try:
-            marker, version, damage = dest.installed()
+            marker, version, damage = dest.inspect()
             report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
             if ours(marker) and not damage:  # maybe a racing install did it while we waited
                 return done(version)

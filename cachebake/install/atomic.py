@@ -229,9 +229,19 @@ class InstallDir:
                     os.close(fd)
             self.root_fd = self.state_fd = None
 
-    def installed(self) -> tuple[dict | None, str | None, list[str]]:
+    def installed(self) -> dict | None:
+        """The marker (install.json) of the installed bake, or None; for readers outside an
+        install (verify, serving).  Read-only, through the same link-refusing fds."""
+        try:
+            with self.opened(create=False):
+                return self.inspect()[0]
+        except (BadInput, OSError):
+            return None
+
+    def inspect(self) -> tuple[dict | None, str | None, list[str]]:
         """(marker, version, problems) of the installed bake; (None, None, []) if none.
-        ``problems`` lists what differs from the marker's inventory (a damaged tree)."""
+        ``problems`` lists what differs from the marker's inventory (a damaged tree).  Needs
+        ``opened()`` or ``locked()``."""
         if self.state_fd is None:
             return None, None, []
         target = readlink("current", self.state_fd)
