@@ -256,9 +256,9 @@ class Artifact:
         desc = by_target[key]
         if desc.get("mediaType") != MANIFEST_MEDIA_TYPE:
             raise Unsupported(f"index entry for {key} is a {desc.get('mediaType')}, not an image manifest")
-        doc = f"image manifest {desc['digest'][:19]}"
+        doc = f"blob {desc['digest'][:19]} (image manifest)"
         manifest = schema.check_image_manifest(self.read_json_blob(desc, doc, schema.CAP_IMAGE_MANIFEST), doc)
-        doc = f"image config {manifest['config']['digest'][:19]}"
+        doc = f"blob {manifest['config']['digest'][:19]} (image config)"
         config = self.read_json_blob(manifest["config"], doc, schema.CAP_CONFIG)
         label = schema.check_config(config, doc, LABEL_MANIFEST)
         label_doc = f"{doc} label {LABEL_MANIFEST}"
