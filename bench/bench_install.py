@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -22,18 +23,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
-NOTES = """Reading it: on the disk, creating the files is the floor for both (openat with O_CREAT is ~70% of
-`tar -x`'s system time here, and neither threads nor dir fds make it cheaper on this disk).
-cachebake install pays for what the pipeline skips: it verifies the digest, decompresses and
-checks every entry *before* writing anything (so a bad layer leaves DIR untouched), then
-writes, relocates the group files, syncs the filesystem once (syncfs) and switches one
-symlink.  `zstd -d | tar -x` decompresses on one core while tar writes on the other, and
-neither checks nor syncs.  A repeat install is a marker check and costs only Python's start.
-This VM's disk speed drifts a lot between runs (the same `tar -x` took 0.11-0.57 s over the
-day), so read the columns against each other within one table: rounds are interleaved.  tmpfs
-shows the CPU cost alone: ~0.12 s more than tar for this cache, mostly tarfile's header parsing
-(~0.05 s) and the PEP 706 data filter's realpath() per entry (~0.04 s); decompression runs on a
-helper thread while the headers are checked (cachebake/install/inflate.py)."""
+NOTES = """Reading it: install reads the layer once (cachebake/install/extract.py): a helper thread
+decompresses, the main thread parses and checks each tar header, a third thread creates what
+passed in a private staging directory, and the blob's digest is checked at the end before the
+switch; zstd and the system calls release the GIL, so the three overlap as `zstd -d | tar -x`'s
+two processes do.  Install also verifies every document, records the inventory (install.json),
+relocates the group files, syncs the filesystem once (syncfs) and switches one symlink; the
+pipeline does none of that.  A repeat install re-checks the installed tree against install.json
+(one stat per entry) and otherwise costs Python's start.  This VM has 2 cores shared with other
+work and its disk speed drifts a lot between runs, so read the columns against each other within
+one table: rounds are interleaved, and the load average at the start and end is printed."""
 
 
 def cache_stats(triton_dir: Path) -> tuple[int, int, int]:
@@ -42,13 +41,17 @@ def cache_stats(triton_dir: Path) -> tuple[int, int, int]:
     return dirs, len(files), sum(p.stat().st_size for p in files)
 
 
-def timed(fn, repeat: int) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
+def _cpu() -> float:
+    """CPU seconds of this process (every thread) and of its waited-for children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run: CPU counts the work whatever else loads the machine."""
+    t, c = time.perf_counter(), _cpu()
+    fn()
+    return time.perf_counter() - t, _cpu() - c
 
 
 def main() -> None:
@@ -58,7 +61,13 @@ def main() -> None:
     ap.add_argument("--workdir", action="append", default=None,
                     help="where to pack and extract (the disk measured); repeatable "
                          "(default: the temp dir's disk, and /dev/shm as a CPU-bound reference)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: time install's phases (extraction, syncfs, commit) beside the pipeline")
     args = ap.parse_args()
+    if args.phases:
+        for workdir in args.workdir or [tempfile.gettempdir()]:
+            print(phases(workdir, args.repeat))
+        return
     workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     lines = [
@@ -68,14 +77,62 @@ def main() -> None:
         f"- machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
         f"Python {platform.python_version()}",
         f"- command: `python3 bench/bench_install.py --repeat {args.repeat}`",
+        f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
     for workdir in workdirs:
         lines += measure(workdir, args.repeat, with_cache_line=workdir == workdirs[0])
-    lines += ["", NOTES]
+    lines += ["", f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", "", NOTES]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+
+
+def phases(workdir: str, repeat: int) -> str:
+    """Where an install's time goes: extraction (decompress + check + write, one pass), the
+    syncfs, the commit (marker, sync, links, switch), beside the pipeline on the same disk."""
+    import installkit
+    import realistic_cache
+    from badlayers import layer_blob
+    from cachebake.install import atomic, extract, install_artifact
+
+    spent: dict[str, list[float]] = {}
+
+    def timing(owner, name, label):
+        real = getattr(owner, name)
+
+        def timed_call(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                spent.setdefault(label, []).append(time.perf_counter() - t)
+        setattr(owner, name, timed_call)
+
+    work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
+    try:
+        art = installkit.pack(realistic_cache.build().parent, work / "artifact")
+        fp = work / "fp.json"
+        installkit.cli("fingerprint", "--target", "sm_90", "--out", fp, check=True)
+        blob = layer_blob(art)
+        timing(extract, "extract_layer", "extraction")
+        timing(atomic, "sync_tree", "syncfs")
+        timing(atomic.InstallDir, "commit", "commit (incl. syncfs)")
+        for i in range(repeat):
+            os.sync()
+            t = time.perf_counter()
+            install_artifact(art, work / f"o{i}", fingerprint_file=str(fp))
+            spent.setdefault("install_artifact()", []).append(time.perf_counter() - t)
+            os.sync()
+            (work / f"t{i}").mkdir()
+            t = time.perf_counter()
+            subprocess.run(f"zstd -d -c {blob} | tar -x -C {work / f't{i}'}", shell=True, check=True)
+            spent.setdefault("zstd -d | tar -x", []).append(time.perf_counter() - t)
+        return "\n".join(f"{workdir}: {k}: median {statistics.median(v) * 1000:.0f} ms, "
+                         f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f} (n={len(v)})"
+                         for k, v in spent.items())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
@@ -151,11 +208,11 @@ def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
                 env=installkit.env_with())),
         ]
         # Interleaved rounds: this VM's disk speed drifts, and every method should see the drift.
-        times: dict[str, list[float]] = {name: [] for name, _ in methods}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in methods}
         for _ in range(repeat):
             for name, fn in methods:
                 settle()
-                times[name] += timed(fn, 1)
+                times[name].append(timed(fn))
         rows = list(times.items())
         fs = subprocess.run(["df", "-T", str(work)], capture_output=True, text=True).stdout.splitlines()[-1].split()[1]
         lines = []
@@ -169,11 +226,13 @@ def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
             "",
             f"## {fs} ({work.parent})",
             "",
-            f"| method | median s | min s | max s | (n={repeat}) |",
-            "| --- | --- | --- | --- | --- |",
+            f"| method (n={repeat}) | median s | min s | max s | CPU s, median | CPU s, min |",
+            "| --- | --- | --- | --- | --- | --- |",
         ]
         for name, ts in rows:
-            lines.append(f"| {name} | {statistics.median(ts):.3f} | {min(ts):.3f} | {max(ts):.3f} | |")
+            wall, cpu = [w for w, _ in ts], [c for _, c in ts]
+            lines.append(f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {max(wall):.3f} "
+                         f"| {statistics.median(cpu):.3f} | {min(cpu):.3f} |")
         return lines
     finally:
         shutil.rmtree(work, ignore_errors=True)

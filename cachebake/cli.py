@@ -395,9 +395,11 @@ def serve_args_cmd(artifact, target, root, overlay, as_json):
               help="ARTIFACT docker://...: require HTTPS (default: yes, except loopback registries).")
 @click.option("--authfile", type=click.Path(dir_okay=False),
               help="ARTIFACT docker://...: registry credentials (docker config.json format).")
+@click.option("--check-only", is_flag=True,
+              help="Run every check (the whole layer too) and report what an install would do; write nothing.")
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
-            tls_verify, authfile, as_json):
+            tls_verify, authfile, check_only, as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
     ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
     from cachebake.distribute import registry
@@ -406,7 +408,8 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
 
     out = output(as_json)
     options = dict(target=target, fingerprint_file=fingerprint_file, allow_mismatch=allow_mismatch,
-                   serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay)
+                   serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay,
+                   check_only=check_only)
     if registry.is_reference(artifact):
         report = registry.install_reference(
             artifact, to, options=registry.RegistryOptions(tls_verify, authfile), **options)

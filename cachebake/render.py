@@ -156,9 +156,11 @@ def render_verify(report, console: Console) -> None:
 # ---------------------------------------------------------------------------- install
 
 def render_install(report, console: Console) -> None:
-    if report.status == "already installed":
-        console.print(f"already installed: {report.layer_digest} ({report.target}) in "
+    if report.status == "already installed" or report.status.startswith("would "):
+        console.print(f"{report.status}: {report.layer_digest} ({report.target}) in "
                       f"{escape(report.to)}")
+        for line in report.damage:
+            console.print(f"  damaged: {line}", markup=False)
     else:
         console.print(f"{report.status}: {report.layer_digest} ({report.target}) in "
                       f"{escape(report.to)}: {report.files} files, {report.file_bytes / 1e6:.1f} MB, "

@@ -25,11 +25,18 @@ def env_with(**extra) -> dict:
     return env
 
 
-def cli(*args, env: dict | None = None, user: int | None = None, check: bool = False):
-    cmd = [sys.executable, "-m", "cachebake.cli", *map(str, args)]
+# The interpreter that runs `cachebake install` in the tests: CACHEBAKE_TEST_PYTHON runs the
+# install corpus under another one, e.g. Debian 12's /usr/bin/python3 (3.11.2, no
+# tarfile.data_filter) with python3-zstandard/-click/-rich installed.
+INSTALL_PYTHON = os.environ.get("CACHEBAKE_TEST_PYTHON") or sys.executable
+
+
+def cli(*args, env: dict | None = None, user: int | None = None, check: bool = False, timeout=None):
+    python = INSTALL_PYTHON if args and args[0] == "install" else sys.executable
+    cmd = [python, "-m", "cachebake.cli", *map(str, args)]
     if user:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]  # numeric ids
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env or env_with(), cwd="/")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env or env_with(), cwd="/", timeout=timeout)
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r

@@ -9,13 +9,14 @@ its launch options, each autotune result with its tuning key, each launcher help
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
+from cachebake.artifact import schema
+from cachebake.artifact.schema import FORMAT_VERSION
 from cachebake.artifact.groups import GROUP_PREFIX
 from cachebake.artifact.snapshot import BINARY_SUFFIXES, Snapshot
-from cachebake.errors import CorruptArtifact, Unsupported
 
-FORMAT_VERSION = 1
+__all__ = ["FORMAT_VERSION", "BakeManifest", "LayerFacts", "Inventory", "build_inventory"]
 
 
 @dataclass
@@ -96,31 +97,40 @@ class BakeManifest:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BakeManifest":
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise Unsupported(f"manifest format version {version!r} is not supported "
-                              f"(this cachebake reads version {FORMAT_VERSION})")
-        try:
-            inv = data["inventory"]
-            return cls(
-                target=data["target"],
-                fingerprint=data["fingerprint"],
-                roles=list(data["roles"]),
-                layer_root=data["layer_root"],
-                layer=LayerFacts(**data["layer"]),
-                inventory=Inventory(
-                    kernels=[KernelEntry(**k) for k in inv["kernels"]],
-                    autotune=[AutotuneEntry(**a) for a in inv["autotune"]],
-                    helpers=[HelperEntry(**h) for h in inv["helpers"]],
-                    dropped=list(inv["dropped"]),
-                    other_files=dict(inv["other_files"]),
-                ),
-                bake=dict(data.get("bake") or {}),
-                record=data.get("record"),
-            )
-        except (KeyError, TypeError) as e:
-            raise CorruptArtifact(f"manifest is malformed: {e}") from None
+    def from_dict(cls, data, document: str = "bake manifest") -> "BakeManifest":
+        """A manifest from untrusted JSON: schema-checked first (cachebake.artifact.schema:
+        InvalidDocument naming ``document`` and the field, or Unsupported for another
+        format version); keys this version does not know are ignored."""
+        schema.check_bake_manifest(data, document)
+        inv = data["inventory"]
+        return cls(
+            target=data["target"],
+            fingerprint=dict(data["fingerprint"]),
+            roles=list(data["roles"]),
+            layer_root=data["layer_root"],
+            layer=LayerFacts(**_known(LayerFacts, data["layer"])),
+            inventory=Inventory(
+                kernels=[KernelEntry(**_known(KernelEntry, k)) for k in inv["kernels"]],
+                autotune=[AutotuneEntry(**_known(AutotuneEntry, a)) for a in inv["autotune"]],
+                helpers=[HelperEntry(**_known(HelperEntry, h)) for h in inv["helpers"]],
+                dropped=list(inv["dropped"]),
+                other_files=dict(inv["other_files"]),
+            ),
+            bake=dict(data.get("bake") or {}),
+            record=data.get("record"),
+        )
+
+
+def _known(kind, data: dict) -> dict:
+    """The keys of ``data`` that dataclass ``kind`` has; absent ones (optional: the schema
+    checked the required ones) are None."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+    return {name: data.get(name) for name in names}
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def _load_json(data: bytes) -> dict | None:

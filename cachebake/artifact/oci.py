@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachebake.artifact.fingerprint import GPUTargetSpec
+from cachebake.artifact import schema
 from cachebake.artifact.manifest import FORMAT_VERSION, BakeManifest
-from cachebake.errors import BadInput, CorruptArtifact, Unsupported
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, Unsupported
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -38,7 +39,6 @@ REF_NAME = "org.opencontainers.image.ref.name"
 ANN_UNVERIFIED = "dev.cachebake.unverified-on-target"
 SUMMARY_FILE = "cachebake.json"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-MAX_JSON_BLOB = 64 << 20  # manifests and configs are small; refuse to read a huge "json" blob
 
 
 def canonical_json(obj) -> bytes:
@@ -132,23 +132,46 @@ def write_index(layout: Path, entries: list[dict], bakes: dict[str, dict]) -> No
 
 
 class VerifyingReader:
-    """A file reader that hashes what it returns and raises CorruptArtifact at EOF when the
-    bytes are not exactly the declared blob (wrong digest, truncated, or longer)."""
+    """A blob as a forward-only stream that checks itself: the contract of a layer stream.
 
-    def __init__(self, path: Path, digest: str, size: int):
-        self._f = open(path, "rb")
+    ``read(n)`` returns up to ``n`` bytes; it raises CorruptArtifact as soon as more than the
+    declared ``size`` arrived, and at the end (``b""``) unless exactly ``size`` bytes arrived
+    whose sha256 is ``digest``.  So a consumer that reads to the end has either the declared
+    blob or an exception, and needs nothing else (no seek, no length).  Wraps any binary file
+    object: a local blob (``open``), or a registry response body."""
+
+    def __init__(self, fileobj, digest: str, size: int):
+        self._f = fileobj
         self._sha = hashlib.sha256()
-        self._want, self._size, self._seen, self._path = digest, size, 0, path
+        self._want, self._size, self._seen = digest, size, 0
+
+    @classmethod
+    def open(cls, path: Path, digest: str, size: int, document: str = "") -> "VerifyingReader":
+        """A local blob: a regular file, opened without following a link or blocking on a FIFO."""
+        fd = schema.open_regular(path, document or f"blob {digest[:19]}")
+        return cls(os.fdopen(fd, "rb", buffering=0), digest, size)
 
     def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n if n is not None and n >= 0 else -1)
+        if n is None or n < 0:
+            n = self._size - self._seen + 1  # never more than one byte past the declared size
+        data = self._f.read(n)
         self._sha.update(data)
         self._seen += len(data)
         if self._seen > self._size:
             raise CorruptArtifact(f"blob {self._want[:19]} is longer than the {self._size} bytes declared")
-        if not data or (n is None or n < 0):
+        if not data:
             self.check()
         return data
+
+    def readinto(self, buf) -> int:  # zstandard's stream_reader prefers read(); kept for io users
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    @property
+    def remaining(self) -> int:
+        """Bytes still to come of the declared size."""
+        return max(0, self._size - self._seen)
 
     def check(self) -> None:
         if self._seen != self._size:
@@ -179,32 +202,32 @@ class BakeRef:
 
 
 class Artifact:
-    """An OCI layout holding cachebake images, read through verified digests only."""
+    """An OCI layout holding cachebake images, read through verified digests only; every
+    document is read with bounds and schema-checked (cachebake.artifact.schema) before use."""
 
     def __init__(self, layout: Path):
         self.layout = layout
         try:
-            marker = json.loads((layout / "oci-layout").read_bytes())
-            index = json.loads((layout / "index.json").read_bytes())
+            marker = schema.load_document(layout / "oci-layout", "oci-layout", schema.CAP_LAYOUT_MARKER,
+                                          missing=None)
+            index = schema.load_document(layout / "index.json", "index.json", schema.CAP_INDEX, missing=None)
         except FileNotFoundError:
             raise BadInput(f"{layout}: not an OCI image layout (no oci-layout / index.json)") from None
-        except ValueError as e:
-            raise CorruptArtifact(f"{layout}: index is not valid JSON: {e}") from None
-        if marker.get("imageLayoutVersion") != "1.0.0":
-            raise Unsupported(f"{layout}: OCI layout version {marker.get('imageLayoutVersion')!r} is not supported")
-        manifests = index.get("manifests")
-        if index.get("schemaVersion") != 2 or not isinstance(manifests, list):
-            raise CorruptArtifact(f"{layout}: index.json is not an OCI index")
-        self.index_entries = [m for m in manifests if isinstance(m, dict)]
+        schema.check_layout_marker(marker)
+        schema.check_index(index)
+        self.index_entries = index["manifests"]
 
     def entries_by_target(self) -> dict[str, dict]:
         """Index entries by GPU target.  ``skopeo copy`` (and so a registry round trip) rewrites
         index.json keeping only the ``ref.name`` annotation (``sm_90``), so that is the
         fallback; ``select`` checks the target against the digest-verified config anyway."""
         out: dict[str, dict] = {}
-        for m in self.index_entries:
+        for i, m in enumerate(self.index_entries):
             ann = m.get("annotations") or {}
-            if ann.get(ANN_TARGET):
+            if ANN_TARGET in ann:
+                if not schema.TARGET_RE.match(ann[ANN_TARGET]):
+                    raise InvalidDocument("index.json", f"manifests[{i}].annotations.{ANN_TARGET}",
+                                          f"{ann[ANN_TARGET][:40]!r} is not a GPU target like cuda:90")
                 out[ann[ANN_TARGET]] = m
         for m in self.index_entries:
             ann = m.get("annotations") or {}
@@ -219,20 +242,20 @@ class Artifact:
     def targets(self) -> list[str]:
         return sorted(self.entries_by_target())
 
-    def read_json_blob(self, desc: dict) -> dict:
-        digest, size = desc.get("digest"), desc.get("size")
-        if not isinstance(size, int) or size < 0 or size > MAX_JSON_BLOB:
-            raise CorruptArtifact(f"descriptor {digest} declares an invalid size {size!r}")
-        path = blob_path(self.layout, digest)
-        try:
-            with VerifyingReader(path, digest, size) as r:
-                data = r.read()
-        except FileNotFoundError:
-            raise CorruptArtifact(f"blob {digest[:19]} is missing from {self.layout}") from None
-        try:
-            return json.loads(data)
-        except ValueError:
-            raise CorruptArtifact(f"blob {digest[:19]} is not JSON") from None
+    def read_json_blob(self, desc: dict, document: str | None = None, cap: int = schema.CAP_BLOB):
+        """A JSON blob named by a descriptor: bounded, verified, parsed (not schema-checked:
+        that is the caller's, who knows what the blob is)."""
+        schema.Checker(document or "descriptor").descriptor(desc, "")
+        digest, size = desc["digest"], desc["size"]
+        document = document or f"blob {digest[:19]}"
+        if size > cap:
+            raise InvalidDocument(document, "", f"is declared {size} bytes, over the {cap} this reader accepts")
+        data = schema.read_document(blob_path(self.layout, digest), document, cap)
+        if len(data) != size:
+            raise CorruptArtifact(f"blob {digest[:19]} is {len(data)} bytes, {size} declared")
+        if sha256_digest(data) != digest:
+            raise CorruptArtifact(f"blob {digest[:19]} does not match its digest (corrupted or tampered)")
+        return schema.parse_json(data, document)
 
     def select(self, target: str | None = None) -> BakeRef:
         """The bake for ``target`` (``sm_90``/``cuda:90``), or the only one if None."""
@@ -250,28 +273,26 @@ class Artifact:
         desc = by_target[key]
         if desc.get("mediaType") != MANIFEST_MEDIA_TYPE:
             raise Unsupported(f"index entry for {key} is a {desc.get('mediaType')}, not an image manifest")
-        manifest = self.read_json_blob(desc)
-        layers = manifest.get("layers") or []
-        if len(layers) != 1:
-            raise CorruptArtifact(f"image for {key} has {len(layers)} layers; cachebake images have one")
-        config = self.read_json_blob(manifest.get("config") or {})
-        try:
-            bake_json = config["config"]["Labels"][LABEL_MANIFEST]
-            bake = BakeManifest.from_dict(json.loads(bake_json))
-        except (KeyError, TypeError, ValueError):
-            raise CorruptArtifact(f"image for {key} carries no cachebake manifest") from None
-        layer = layers[0]
-        if layer.get("digest") != bake.layer.digest or layer.get("size") != bake.layer.size:
+        doc = f"blob {desc['digest'][:19]} (image manifest)"
+        manifest = schema.check_image_manifest(self.read_json_blob(desc, doc, schema.CAP_IMAGE_MANIFEST), doc)
+        doc = f"blob {manifest['config']['digest'][:19]} (image config)"
+        config = self.read_json_blob(manifest["config"], doc, schema.CAP_CONFIG)
+        label = schema.check_config(config, doc, LABEL_MANIFEST)
+        label_doc = f"{doc} label {LABEL_MANIFEST}"
+        if not isinstance(label, str):
+            raise InvalidDocument(doc, f"config.Labels.{LABEL_MANIFEST}", "must be a string")
+        bake = BakeManifest.from_dict(schema.parse_json(label, label_doc), label_doc)
+        layer = manifest["layers"][0]
+        if layer["digest"] != bake.layer.digest or layer["size"] != bake.layer.size:
             raise CorruptArtifact(f"image for {key}: layer descriptor disagrees with the cachebake manifest")
         if bake.target != key:
             raise CorruptArtifact(f"index entry {key} holds a bake for {bake.target}")
         return BakeRef(key, desc["digest"], layer["digest"], layer["size"], bake)
 
     def open_layer(self, ref: BakeRef) -> VerifyingReader:
-        path = blob_path(self.layout, ref.layer_digest)
-        if not path.is_file():
-            raise CorruptArtifact(f"layer blob {ref.layer_digest[:19]} is missing from {self.layout}")
-        return VerifyingReader(path, ref.layer_digest, ref.layer_size)
+        """The layer blob as a self-verifying stream (see VerifyingReader)."""
+        return VerifyingReader.open(blob_path(self.layout, ref.layer_digest), ref.layer_digest, ref.layer_size,
+                                    f"layer blob {ref.layer_digest[:19]}")
 
 
 def open_artifact(path: os.PathLike | str) -> Artifact:

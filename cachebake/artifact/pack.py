@@ -169,6 +169,7 @@ def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
         existing[fp.target] = desc
         summaries[fp.target] = _summary(manifest, desc["digest"])
         oci.write_index(tmp, list(existing.values()), summaries)
+        _world_readable(tmp)
         _fsync_tree(tmp)
         _swap_into_place(tmp, out)
     except BaseException:
@@ -188,6 +189,17 @@ def _copy_image(src: Path, dst: Path, desc: dict, ref) -> None:
         target = oci.blob_path(dst, d["digest"])
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(oci.blob_path(src, d["digest"]), target)
+
+
+def _world_readable(root: Path) -> None:
+    """0755 directories, 0644 files, whatever the umask: mkdtemp and NamedTemporaryFile create
+    0700/0600, and an init container installs as another, unprivileged user."""
+    os.chmod(root, 0o755)
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o644)
 
 
 def _fsync_tree(root: Path) -> None:

@@ -1,28 +1,39 @@
 """``cachebake install``: make a bake hit on this machine, at any path, or say why it can't.
 
-Steps, in order; nothing is written to DIR before step 5:
+Steps, in order; nothing is written to DIR before step 6, and nothing in DIR changes for a
+server before step 7's switch:
 
-1. open the artifact (dir, OCI layout or .tar.zst + manifest) and pick the bake for the GPU
-   target (``--target``, else the serving fingerprint's, else the visible GPU's);
-2. refuse unknown manifest versions (UNSUPPORTED; the artifact reader does, through BakeManifest);
-3. preflight the fingerprint against the serving environment (PREFLIGHT, or warnings with
+1. open the artifact (dir, OCI layout or .tar.zst + manifest), read every document with bounds
+   and check its schema, and pick the bake for the GPU target (``--target``, else the serving
+   fingerprint's, else the visible GPU's); unknown manifest versions are UNSUPPORTED;
+2. preflight the fingerprint against the serving environment (PREFLIGHT, or warnings with
    ``--allow-mismatch``);
-4. if DIR already holds this digest for this serve path: "already installed", done;
-   otherwise scan the whole layer, verifying digests and every entry (CORRUPT / UNSAFE);
-5. under DIR's lock: re-check, clean a killed install's leftovers, extract into a staging dir
-   relocating Triton group files and the vllm role's paths on the way (a role that cannot be
-   relocated is left out, with a warning: relocate_vllm.py), sync, switch atomically.
+3. check DIR: not a link, nothing in the way of a role link, ``.cachebake`` ours; free bytes and
+   inodes for what the manifest declares;
+4. if DIR holds this digest for this serve path and its tree still matches the inventory in
+   install.json: "already installed", done (a damaged tree is repaired below);
+5. ``--check-only`` stops here after reading the whole layer through the same checks, writing
+   nothing, and reports what an install would do;
+6. under DIR's lock: re-check, clean a killed install's leftovers, then in one pass decompress,
+   check each entry and write it into a private staging dir (relocating Triton group files);
+   the blob's digest is checked at its end;
+7. sync, link roles, switch atomically (atomic.py).  Any refusal removes the staging dir (and
+   a DIR this install created); Ctrl-C exits 130 saying whether the switch happened.
+
+The vllm role's paths are relocated on the way like Triton's group files; a role that cannot
+be relocated is removed from the staging dir before the switch and left out with a warning
+(relocate_vllm.py), the other roles install as usual.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from cachebake.errors import Interrupted
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
+from cachebake.install.fsops import rmtree_at
 from cachebake.install.source import open_source
 from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.runtime import serving_overlay_env as runtime_env
@@ -32,7 +43,9 @@ LOCK_TIMEOUT_S = 600.0
 
 @dataclass
 class InstallReport:
-    status: str  # "installed" | "replaced" | "already installed"
+    # "installed" | "replaced" | "repaired" | "already installed"; with --check-only:
+    # "would install" | "would replace" | "would repair" | "already installed"
+    status: str
     artifact: str
     target: str
     layer_digest: str
@@ -49,6 +62,7 @@ class InstallReport:
     left_out: dict[str, str] = field(default_factory=dict)  # role -> why it was not installed
     warnings: list[str] = field(default_factory=list)
     cleaned: list[str] = field(default_factory=list)
+    damage: list[str] = field(default_factory=list)  # what a repair found wrong (first 20)
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -56,46 +70,37 @@ class InstallReport:
         return asdict(self)
 
 
-def _pick_target(target: str | None, serving) -> str:
-    """``--target``, else the serving fingerprint's (the visible GPU's, or the file's)."""
-    return target or serving.target
-
-
-def _load(source, bake, limits: extract.LayerLimits, serve_root: str,
-          manifest: dict) -> tuple[extract.Layer, relocate_vllm.RoleRelocation]:
-    """Digest, decompression under the bomb guard, every entry checked, group files and the
-    vllm role relocated in memory; writes nothing.  A role that cannot be relocated is taken
-    out of the layer's entries (it will not be written)."""
-    vllm = relocate_vllm.RoleRelocation(manifest, serve_root)
-    transform = relocate_vllm.combine(relocate.group_rewriter(serve_root), vllm.transform)
-    with source.open_layer(bake) as compressed:
-        layer = extract.load_layer(compressed, limits, transform)
-    if vllm.left_out:
-        layer.members = [(m, mode) for m, mode in layer.members
-                         if m.name.split("/", 1)[0] not in vllm.left_out]
-        layer.stats.entries = len(layer.members)
-        layer.stats.files = sum(1 for m, _ in layer.members if m.isreg())
-        layer.stats.file_bytes = sum(m.size for m, _ in layer.members if m.isreg())
-    return layer, vllm
-
-
 def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      target: str | None = None, fingerprint_file: str | None = None,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
-                     lock_timeout: float = LOCK_TIMEOUT_S,
+                     lock_timeout: float = LOCK_TIMEOUT_S, check_only: bool = False,
                      overlay: str | os.PathLike | None = None) -> InstallReport:
     """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
     env then turns on the layered cache manager and its miss log (cachebake.runtime)."""
+    dest = atomic.InstallDir(to)
+    try:
+        return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
+                        allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
+                        check_only=check_only, overlay=overlay)
+    except KeyboardInterrupt:
+        if dest.switched():
+            raise Interrupted(f"the new bake was switched in at {dest.root}; a re-run cleans up "
+                              "what is left") from None
+        raise Interrupted(f"nothing was installed; {dest.root} holds what it held before") from None
+
+
+def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_mismatch,
+             serve_at, lock_timeout, check_only, overlay) -> InstallReport:
     started = time.monotonic()
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
-    bake = source.select(_pick_target(target, serving))
-    manifest = bake.manifest.to_dict()
-    roles = list(manifest.get("roles") or [])
-    mismatches = preflight.check(manifest, serving, allow_mismatch,
+    bake = source.select(target or serving.target)
+    manifest = bake.manifest
+    roles = list(manifest.roles)
+    mismatches = preflight.check({"target": manifest.target, "fingerprint": manifest.fingerprint}, serving,
+                                 allow_mismatch,
                                  checked_this_process=fingerprint_file is None)
 
-    dest = atomic.InstallDir(to)
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     report = InstallReport(
         status="installed", artifact=os.fspath(artifact), target=bake.target,
@@ -104,66 +109,96 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     if overlay is not None:
         report.env.update(runtime_env(overlay, serve_root, roles))
     dest.check_usable(roles)
+    # the longest path an entry lands at: DIR/.cachebake/versions/<digest12>-<rand8>/<entry>
+    version_root = str(dest.state / "versions" / ("0" * 21))
+    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (version_root, serve_root))
 
-    def done(marker: dict | None) -> bool:
-        if marker and marker.get("layer_digest") == bake.layer_digest \
-                and marker.get("serve_at") == serve_root:
-            report.status = "already installed"
-            report.version_dir = str(dest.current.resolve())
-            _left_out(report, dict(marker.get("left_out") or {}), serve_root)
-            return True
-        return False
+    def ours(marker: dict | None) -> bool:
+        installed_roles = list(marker["roles"]) + list(marker.get("left_out") or {}) if marker else []
+        return bool(marker) and marker["layer_digest"] == bake.layer_digest \
+            and marker["serve_at"] == serve_root and sorted(installed_roles) == sorted(roles)
 
-    if done(dest.installed()) and not dest.has_leftovers():
+    def done(version: str, marker: dict) -> InstallReport:
+        report.status = "already installed"
+        report.version_dir = str(dest.state / "versions" / version)
+        _left_out(report, dict(marker.get("left_out") or {}))
         report.seconds = round(time.monotonic() - started, 3)
         return report
 
-    limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size)
+    with dest.opened(create=False):
+        marker, version, damage = dest.inspect()
+        leftovers = dest.state_fd is not None and dest.has_leftovers(version)
+    if ours(marker) and not damage and not (leftovers and not check_only):
+        return done(version, marker)
+    dest.check_space(limits.file_bytes, limits.entries)
+    vllm = relocate_vllm.RoleRelocation(bake.manifest.to_dict(), serve_root)
+    transform = relocate_vllm.combine(relocate.group_rewriter(serve_root), vllm.transform)
 
-    def load() -> tuple[extract.Layer, relocate_vllm.RoleRelocation]:
-        dest.check_space(limits.file_bytes + 4096 * limits.entries)
-        return _load(source, bake, limits, serve_root, manifest)
+    if check_only:
+        report.damage = damage if ours(marker) else []
+        report.status = ("would repair" if ours(marker) else "would replace" if marker or damage
+                         else "would install")
+        with source.open_layer(bake) as stream:  # every check, nothing written
+            _fill(report, extract.extract_layer(stream, limits, None, transform), vllm)
+        report.seconds = round(time.monotonic() - started, 3)
+        return report
 
-    # Load before taking the lock: racing installs verify in parallel, only writes take turns.
-    loaded = None if report.status == "already installed" else load()
-
-    dest.root.mkdir(parents=True, exist_ok=True)
     with dest.locked(lock_timeout):
-        previous = dest.installed()
-        report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
-        if done(previous):  # installed already (maybe by a racing install while we scanned)
-            report.seconds = round(time.monotonic() - started, 3)
-            return report
-        report.status = "installed"
-        layer, vllm = loaded or load()
-        _left_out(report, vllm.left_out, serve_root)
-        report.relocated = {role: n for role, n in
-                            Counter(name.split("/", 1)[0] for name in layer.rewritten).items()
-                            if role not in vllm.left_out}
-        report.groups_relocated = report.relocated.get("triton", 0)
-        staged = dest.new_staging()
+        staged, staged_fd = None, -1
         try:
-            stats = extract.extract_layer(layer, str(staged), checkpoint=atomic.checkpoint)
-            marker = {"layer_digest": bake.layer_digest, "target": report.target,
-                      "roles": report.roles, "serve_at": serve_root, "artifact": report.artifact,
-                      "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "groups_relocated": report.groups_relocated, "relocated": report.relocated,
-                      "left_out": report.left_out}
-            version = dest.commit(staged, bake.layer_digest, marker, report.roles)
+            marker, version, damage = dest.inspect()
+            report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
+            if ours(marker) and not damage:  # maybe a racing install did it while we waited
+                return done(version, marker)
+            report.status = "repaired" if ours(marker) else "replaced" if marker or damage else "installed"
+            report.damage = damage if ours(marker) else []
+            staged, staged_fd = dest.new_staging()
+            with source.open_layer(bake) as stream:
+                stats = extract.extract_layer(stream, limits, staged_fd, transform, atomic.checkpoint)
+            for role in vllm.left_out:  # found mid-stream: drop it before anything is visible
+                rmtree_at(staged_fd, role)
+                stats.dirs = [d for d in stats.dirs if d.split("/", 1)[0] != role]
+                stats.inventory = {n: r for n, r in stats.inventory.items() if n.split("/", 1)[0] != role}
+            _fill(report, stats, vllm)
+            new_marker = {
+                "layer_digest": bake.layer_digest, "target": report.target, "roles": report.roles,
+                "serve_at": serve_root, "artifact": report.artifact,
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "groups_relocated": report.groups_relocated, "relocated": report.relocated,
+                "left_out": report.left_out, "dirs": stats.dirs, "files": stats.inventory}
+            version = dest.commit(staged, staged_fd, bake.layer_digest, new_marker, report.roles)
         except BaseException:
-            # Disk full, EIO, Ctrl-C: don't leave the half-written tree for the next install.
-            shutil.rmtree(staged, ignore_errors=True)
+            # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install, and a
+            # DIR this install created is removed again.
+            if staged is not None:
+                os.close(staged_fd)
+                staged_fd = -1
+                dest.remove_staging(staged)
+            dest.undo()
             raise
+        finally:
+            if staged_fd >= 0:
+                os.close(staged_fd)
         report.cleaned += dest.clean_leftovers()
-    report.status = "replaced" if previous else "installed"
-    report.version_dir = str(dest.versions / version)
-    report.entries, report.files = stats.entries, stats.files
-    report.file_bytes = stats.file_bytes
+    report.version_dir = str(dest.state / "versions" / version)
     report.seconds = round(time.monotonic() - started, 3)
     return report
 
 
-def _left_out(report: InstallReport, left_out: dict[str, str], serve_root: str) -> None:
+def _fill(report: InstallReport, stats: extract.LayerStats, vllm: relocate_vllm.RoleRelocation) -> None:
+    """Counts for the report; the roles left out are out of the counts, the roles and the env."""
+    kept = [n for n in stats.inventory if n.split("/", 1)[0] not in vllm.left_out]
+    report.entries = stats.entries if not vllm.left_out else len(kept) + len(stats.dirs)
+    report.files = stats.files if not vllm.left_out else len(kept)
+    report.file_bytes = stats.file_bytes if not vllm.left_out else sum(stats.inventory[n][0] for n in kept)
+    report.groups_relocated = stats.transformed - sum(vllm.files.values())
+    report.relocated = {role: n for role, n in
+                        {"triton": report.groups_relocated, **dict(vllm.files)}.items()
+                        if n and role not in vllm.left_out}
+    _left_out(report, vllm.left_out)
+
+
+def _left_out(report: InstallReport, left_out: dict[str, str]) -> None:
     """Take the roles install could not relocate out of the report's roles and environment."""
     report.left_out = dict(left_out)
     report.roles = [r for r in report.roles if r not in left_out]

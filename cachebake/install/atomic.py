@@ -15,6 +15,18 @@ relative, so the tree stays valid when the volume is mounted at another path in 
 container.  Everything is written inside DIR: a read-only root filesystem is fine as long as
 DIR is writable, and every rename stays on one filesystem.
 
+A hostile DIR (a co-tenant prepared it, or races us in it): DIR must not be a symlink; every
+path under ``DIR/.cachebake`` is opened relative to a directory fd with O_NOFOLLOW and checked
+with fstat to be a directory (or regular file) owned by the installing uid and not writable
+by others, else BadInput (exit 3) names it.  No path below DIR is resolved from a string
+twice, and cleanup (``rmtree_at``) walks directory fds, so nothing outside DIR is ever
+written or removed.  Role links are made with symlink(2) itself, which never replaces
+anything: if ``DIR/<role>`` appears between our check and our link, the install is refused
+and the newcomer is left alone.  Removing the link of a role the new bake dropped is a
+readlink-then-unlink under the lock: a co-tenant who can write DIR and swaps the link for a
+file of their own in the microseconds between the two loses that file (the residual window;
+it needs write access to DIR, which already lets them remove our links).
+
 Crash safety: a version directory is renamed into ``versions/`` only after its contents are
 synced, and ``current`` is switched only after that, so a SIGKILL at any point leaves DIR/<role>
 resolving to the old tree (or nothing, on a first install) or to the complete new one.  The
@@ -22,21 +34,18 @@ next installer, holding the lock, deletes staging dirs, temporary links, version
 ``current`` and role links that ``current`` no longer backs.
 
 The lock is flock(2): reliable on local filesystems (emptyDir, hostPath); on NFS it depends on
-the server's lock support.
-
-Files a server writes into the cache later (a kernel the bake missed) land in the current
-version directory and go away with it when a new bake is installed.
+the server's lock support.  After taking it the installer checks that DIR, ``.cachebake`` and
+the lock file are still the ones at those names (a refused first install removes them again).
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
 import os
+import re
 import secrets
-import shutil
 import signal
 import stat
 import time
@@ -44,235 +53,467 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from cachebake.errors import BadInput, Locked
+from cachebake.artifact import schema
+from cachebake.errors import BadInput, Locked, from_os_error
+from cachebake.install.inventory import MARKER, check_marker, check_tree
+from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
+                                     rmtree_at, sync_tree)
 from cachebake.roles import ROLE_ENV
 
 STATE = ".cachebake"
-MARKER = "install.json"
+CAP_MARKER = 256 << 20
+VERSION_RE = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{8}$")
 
 # -- test hook -------------------------------------------------------------------------------
-# CACHEBAKE_TEST_KILL_AT=<n>: SIGKILL ourselves at the n-th checkpoint (1-based).  Used by the
-# crash tests to cut an install at every step of the commit and inside the extraction.
+# CACHEBAKE_TEST_KILL_AT=<n>: SIGKILL ourselves at the n-th checkpoint (1-based), or the
+# signal CACHEBAKE_TEST_SIGNAL names (INT: Ctrl-C).  Used by the crash tests to cut an install
+# at every step of the commit and inside the extraction.
 _checkpoints = 0
+_KILL_AT = int(os.environ.get("CACHEBAKE_TEST_KILL_AT") or 0)  # read once: called per entry
 
 
 def checkpoint(_what: str = "") -> None:
     global _checkpoints
     _checkpoints += 1
-    kill_at = os.environ.get("CACHEBAKE_TEST_KILL_AT")
-    if kill_at and int(kill_at) == _checkpoints:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _KILL_AT == _checkpoints:
+        sig = getattr(signal, "SIG" + os.environ.get("CACHEBAKE_TEST_SIGNAL", "KILL"))
+        os.kill(os.getpid(), sig)
 
 
 def checkpoints_passed() -> int:
     return _checkpoints
 
 
-# -- durability ------------------------------------------------------------------------------
-_libc = None
-
-
-def sync_tree(path: str) -> None:
-    """Make everything under ``path`` durable before it is renamed into place.
-
-    syncfs(2) flushes the filesystem holding ``path`` in one call, far cheaper than an fsync
-    per file for thousands of small cache files; where it is missing, fsync each file and dir.
-    """
-    global _libc
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc is None:
-            # CDLL(None): the symbols already loaded (libc among them).  find_library would
-            # run ldconfig/gcc, which a read-only root filesystem may not allow.
-            _libc = ctypes.CDLL(None, use_errno=True)
-        if getattr(_libc, "syncfs", None) is not None and _libc.syncfs(fd) == 0:
-            return
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    for root, dirs, files in os.walk(path):
-        for name in files:
-            fsync_path(os.path.join(root, name))
-        fsync_path(root)
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- layout ----------------------------------------------------------------------------------
 class InstallDir:
-    """DIR and its state directory; every method that writes expects the lock to be held."""
+    """DIR and its state directory, reached through directory fds only."""
 
     def __init__(self, to: str | os.PathLike):
         self.root = Path(os.path.abspath(to))
         self.state = self.root / STATE
-        self.versions = self.state / "versions"
-        self.staging = self.state / "staging"
-        self.current = self.state / "current"
+        self.uid = os.geteuid()
+        self.root_fd: int | None = None
+        self.state_fd: int | None = None
+        self._created: list[Path] = []  # DIR (and parents) this install made, outermost last
+        self._created_state = False
+        self._links_made: list[str] = []
+        self.pending_version: str | None = None  # the version commit() is switching to
 
-    # read-only checks (safe without the lock: every state they read is switched atomically)
-    def check_usable(self, roles: list[str]) -> None:
-        """Refuse a DIR we would have to clobber; before anything is written."""
-        if self.root.exists() and not self.root.is_dir():
-            raise BadInput(f"--to {self.root} exists and is not a directory")
-        for role in roles:
-            p = self.root / role
-            # One lstat, then readlink: a racing install may create the link between two
-            # separate checks (is_symlink() False, then exists() True through the new link).
+    # -- opening ----------------------------------------------------------------------------
+    def _open_root(self, create: bool) -> int | None:
+        if create and not os.path.lexists(self.root):
+            missing = []
+            p = self.root
+            while not os.path.lexists(p):
+                missing.append(p)
+                p = p.parent
+            for d in reversed(missing):
+                try:
+                    os.mkdir(d, 0o755)
+                    self._created.insert(0, d)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise from_os_error(e, self.root, "cannot create it") from None
+        try:
+            fd = os.open(self.root, DIR_FLAGS)
+        except FileNotFoundError:
+            if create:
+                raise BadInput(f"--to {self.root}: removed while installing") from None
+            return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise BadInput(f"--to {self.root} is a symbolic link or not a directory; pass the real "
+                               "directory") from None
+            raise
+        return fd
+
+    def _open_dir(self, parent_fd: int, name: str, shown: Path, create: bool = False) -> int | None:
+        """A directory below DIR: no link, ours, not writable by others (else BadInput)."""
+        if create:
             try:
-                is_link = stat.S_ISLNK(os.lstat(p).st_mode)
-                if is_link and os.readlink(p) != self.role_link(role):
-                    raise BadInput(f"{p} is a symlink not made by cachebake; remove it")
-            except FileNotFoundError:
-                continue
-            if not is_link:
-                raise BadInput(f"{p} exists and is not managed by cachebake; remove it or "
-                               "install into another directory")
+                os.mkdir(name, 0o755, dir_fd=parent_fd)
+                if name == STATE:
+                    self._created_state = True
+            except FileExistsError:
+                pass
+            except OSError as e:  # DIR not writable for this uid, read-only, full
+                raise from_os_error(e, shown, "cannot create it") from None
+        try:
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise BadInput(f"{shown} is a symbolic link or not a directory; refusing to use it "
+                               "(remove it, or install into another directory)") from None
+            raise
+        self._check_owned(fd, shown)
+        return fd
 
-    def check_space(self, needed: int) -> None:
-        """Refuse before writing when the bake cannot fit (a half-filled disk helps nobody)."""
+    def _check_owned(self, fd: int, shown: Path) -> os.stat_result:
+        st = os.fstat(fd)
+        if st.st_uid != self.uid:
+            os.close(fd)
+            raise BadInput(f"{shown} is owned by uid {st.st_uid}, not the installing uid {self.uid}; "
+                           "refusing to use it")
+        if st.st_mode & 0o022:
+            os.close(fd)
+            raise BadInput(f"{shown} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                           "refusing to use it")
+        return st
+
+    def _sub(self, name: str, create: bool = False) -> int | None:
+        assert self.state_fd is not None
+        return self._open_dir(self.state_fd, name, self.state / name, create)
+
+    # -- read-only checks (safe without the lock) -------------------------------------------
+    def check_usable(self, roles: list[str]) -> None:
+        """Refuse a DIR we would have to clobber or follow; before anything is written."""
+        try:
+            st = os.lstat(self.root)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise BadInput(f"--to {self.root} is a symbolic link; pass the real directory")
+        if not stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"--to {self.root} exists and is not a directory")
+        with self.opened(create=False):
+            if self.root_fd is None:
+                return
+            for role in roles:
+                self.check_role_path(role)
+
+    def check_role_path(self, role: str) -> None:
+        p = self.root / role
+        try:
+            is_link = stat.S_ISLNK(os.stat(role, dir_fd=self.root_fd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            return
+        if not is_link:
+            raise BadInput(f"{p} exists and is not managed by cachebake; remove it or install into "
+                           "another directory")
+        if readlink(role, self.root_fd) != self.role_link(role):
+            raise BadInput(f"{p} is a symlink not made by cachebake; remove it")
+
+    def check_space(self, file_bytes: int, entries: int) -> None:
+        """Refuse before writing when the bake cannot fit: bytes and inodes."""
         probe = self.root
-        while not probe.exists():
+        while not os.path.lexists(probe):
             probe = probe.parent
         st = os.statvfs(probe)
         free = st.f_bavail * st.f_frsize
-        # file data plus a block per entry's rounding, roughly; an old version stays until the switch
+        needed = file_bytes + st.f_frsize * entries  # each entry rounds up to a block, roughly
         if needed > free:
             raise BadInput(f"{probe}: {free / 1e6:.0f} MB free, the bake needs {needed / 1e6:.0f} MB")
+        # f_files == 0: a filesystem without an inode limit (btrfs, some FUSE); nothing to check
+        if st.f_files and entries + 16 > st.f_favail:
+            raise BadInput(f"{probe}: {st.f_favail} free inodes, the bake needs {entries} files and "
+                           "directories")
 
     @staticmethod
     def role_link(role: str) -> str:
         return f"{STATE}/current/{role}"
 
-    def installed(self) -> dict | None:
-        """The marker of the complete installed version, or None."""
-        try:
-            version = os.readlink(self.current)
-            marker = json.loads((self.state / version / MARKER).read_text())
-        except (OSError, ValueError):
-            return None
-        for role in marker.get("roles", []):
-            try:  # readlink alone: a racing cleanup may remove the link between two checks
-                if os.readlink(self.root / role) != self.role_link(role):
-                    return None
-            except OSError:
-                return None
-        return marker
-
-    def has_leftovers(self) -> bool:
-        """Anything a killed install left (checked without the lock; cleaned under it)."""
-        try:
-            if self.staging.is_dir() and any(self.staging.iterdir()):
-                return True
-            if self.versions.is_dir() and len(list(self.versions.iterdir())) > 1:
-                return True
-        except OSError:
-            return True
-        return bool(list(self.state.glob("current.tmp-*")) or list(self.root.glob(".*.cachebake-tmp-*")))
-
-    # writes (lock held)
     @contextmanager
-    def locked(self, timeout: float) -> Iterator[None]:
-        self.state.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def opened(self, create: bool) -> Iterator[None]:
+        """DIR and DIR/.cachebake as fds for the duration (None where absent, create=False)."""
+        self.root_fd = self._open_root(create)
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                    if time.monotonic() > deadline:
-                        raise Locked(f"another install holds {self.state / 'lock'} for over "
-                                     f"{timeout:.0f} s") from None
-                    time.sleep(0.05)
-            checkpoint("locked")
+            if self.root_fd is not None:
+                self.state_fd = self._open_dir(self.root_fd, STATE, self.state, create)
             yield
         finally:
-            os.close(fd)  # closing drops the flock; a SIGKILLed holder drops it too
+            for fd in (self.state_fd, self.root_fd):
+                if fd is not None:
+                    os.close(fd)
+            self.root_fd = self.state_fd = None
+
+    def installed(self) -> dict | None:
+        """The marker (install.json) of the installed bake, or None; for readers outside an
+        install (verify, serving).  Read-only, through the same link-refusing fds."""
+        try:
+            with self.opened(create=False):
+                return self.inspect()[0]
+        except (BadInput, OSError):
+            return None
+
+    def inspect(self) -> tuple[dict | None, str | None, list[str]]:
+        """(marker, version, problems) of the installed bake; (None, None, []) if none.
+        ``problems`` lists what differs from the marker's inventory (a damaged tree).  Needs
+        ``opened()`` or ``locked()``."""
+        if self.state_fd is None:
+            return None, None, []
+        target = readlink("current", self.state_fd)
+        if target is None:
+            return None, None, []
+        version = target.rpartition("/")[2]
+        if not target.startswith("versions/") or not VERSION_RE.match(version):
+            return None, None, [f"{STATE}/current points at {target!r}"]
+        versions_fd = self._sub("versions")
+        if versions_fd is None:
+            return None, version, [f"{STATE}/versions is missing"]
+        try:
+            vfd = self._open_dir(versions_fd, version, self.state / "versions" / version)
+        finally:
+            os.close(versions_fd)
+        if vfd is None:
+            return None, version, [f"{STATE}/versions/{version} is missing"]
+        try:
+            try:
+                marker = schema.parse_json(schema.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
+                                           MARKER)
+                check_marker(marker)
+            except BadInput:
+                raise
+            except Exception as e:  # noqa: BLE001 - any unreadable marker is damage to repair
+                return None, version, [f"{MARKER} is unreadable ({e})"]
+            problems = [f"{role} is not cachebake's link" for role in marker["roles"]
+                        if readlink(role, self.root_fd) != self.role_link(role)]
+            problems += check_tree(vfd, marker)
+            return marker, version, problems
+        finally:
+            os.close(vfd)
+
+    def has_leftovers(self, current: str | None) -> bool:
+        """Anything a killed install left (checked without the lock; cleaned under it)."""
+        for sub in ("staging", "versions"):
+            fd = self._sub(sub)
+            if fd is None:
+                continue
+            try:
+                names = os.listdir(fd)
+            finally:
+                os.close(fd)
+            if [n for n in names if not (sub == "versions" and n == current)]:
+                return True
+        return any(n.startswith("current.tmp-") for n in os.listdir(self.state_fd)) or \
+            any(n.startswith(".") and ".cachebake-tmp-" in n for n in os.listdir(self.root_fd))
+
+    # -- writes (lock held) -----------------------------------------------------------------
+    @contextmanager
+    def locked(self, timeout: float) -> Iterator[None]:
+        """Create DIR/.cachebake as needed, take the lock, and hold DIR and state as fds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.opened(create=True):
+                self._check_lock_path()
+                lock_fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                                  | os.O_NONBLOCK, 0o644, dir_fd=self.state_fd)
+                try:
+                    st = os.fstat(lock_fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_uid != self.uid:
+                        raise BadInput(f"{self.state / 'lock'} is not a regular file of the installing uid")
+                    self._flock(lock_fd, deadline, timeout)
+                    if self._still_linked(lock_fd):
+                        checkpoint("locked")
+                        yield
+                        return
+                finally:
+                    os.close(lock_fd)
+            # a refused first install removed DIR/.cachebake while we waited: start over
+
+    def _check_lock_path(self) -> None:
+        try:
+            st = os.stat("lock", dir_fd=self.state_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{self.state / 'lock'} is a symbolic link or not a regular file; refusing to "
+                           "use it")
+
+    def _flock(self, fd: int, deadline: float, timeout: float) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() > deadline:
+                raise Locked(f"another install holds {self.state / 'lock'} for over {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def _still_linked(self, lock_fd: int) -> bool:
+        try:
+            return (os.path.samestat(os.fstat(self.root_fd), os.stat(self.root, follow_symlinks=False))
+                    and os.path.samestat(os.fstat(self.state_fd),
+                                         os.stat(STATE, dir_fd=self.root_fd, follow_symlinks=False))
+                    and os.path.samestat(os.fstat(lock_fd),
+                                         os.stat("lock", dir_fd=self.state_fd, follow_symlinks=False)))
+        except FileNotFoundError:
+            return False
 
     def clean_leftovers(self, keep_roles: set[str] = frozenset()) -> list[str]:
-        """Remove what killed installs left behind; returns what was removed."""
+        """Remove what killed installs left behind; returns what was removed (relative to DIR)."""
         removed = []
-        current = self._current_version()
-        for d in (self.staging, self.versions):
-            if not d.is_dir():
+        target = readlink("current", self.state_fd)
+        current = target.rpartition("/")[2] if target else None
+        for sub in ("staging", "versions"):
+            fd = self._sub(sub)
+            if fd is None:
                 continue
-            for entry in sorted(d.iterdir()):
-                if d == self.versions and entry.name == current:
-                    continue
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed.append(str(entry.relative_to(self.root)))
-                checkpoint("clean")
-        tmp_links = list(self.state.glob("current.tmp-*")) + list(self.root.glob(".*.cachebake-tmp-*"))
-        for entry in sorted(tmp_links):
-            entry.unlink(missing_ok=True)
-            removed.append(str(entry.relative_to(self.root)))
+            try:
+                for name in sorted(os.listdir(fd)):
+                    if sub == "versions" and name == current:
+                        continue
+                    rmtree_at(fd, name)
+                    removed.append(f"{STATE}/{sub}/{name}")
+                    checkpoint("clean")
+            finally:
+                os.close(fd)
+        for name in sorted(os.listdir(self.state_fd)):
+            if name.startswith("current.tmp-") and readlink(name, self.state_fd) is not None:
+                os.unlink(name, dir_fd=self.state_fd)
+                removed.append(f"{STATE}/{name}")
+        for name in sorted(os.listdir(self.root_fd)):  # temporary role links of cachebake <= 0.1
+            role = name[1:].partition(".cachebake-tmp-")[0]
+            if name.startswith(".") and ".cachebake-tmp-" in name and role in ROLE_ENV \
+                    and readlink(name, self.root_fd) == self.role_link(role):
+                os.unlink(name, dir_fd=self.root_fd)
+                removed.append(name)
         backed = set(self._roles_of(current)) | set(keep_roles)
         for role in ROLE_ENV:
-            p = self.root / role
-            if role not in backed and p.is_symlink() and os.readlink(p) == self.role_link(role):
-                p.unlink()
+            if role not in backed and readlink(role, self.root_fd) == self.role_link(role):
+                os.unlink(role, dir_fd=self.root_fd)  # the residual window: see the module doc
                 removed.append(role)
         return removed
 
-    def new_staging(self) -> Path:
-        self.staging.mkdir(parents=True, exist_ok=True)
-        path = self.staging / secrets.token_hex(8)
-        path.mkdir(mode=0o755)
-        os.chmod(path, 0o755)
-        checkpoint("staged")
-        return path
+    def new_staging(self) -> tuple[str, int]:
+        """A fresh staging directory: (its name under staging/, an fd of it)."""
+        staging_fd = self._sub("staging", create=True)
+        name = secrets.token_hex(8)
+        try:
+            os.mkdir(name, 0o755, dir_fd=staging_fd)
+            fd = self._open_dir(staging_fd, name, self.state / "staging" / name)
+            try:
+                os.fchmod(fd, 0o755)
+                checkpoint("staged")
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            rmtree_at(staging_fd, name)  # Ctrl-C here: the caller's cleanup is not armed yet
+            raise
+        finally:
+            os.close(staging_fd)
+        return name, fd
 
-    def commit(self, staged: Path, digest: str, marker: dict, roles: list[str]) -> str:
-        """Sync ``staged``, move it into versions/, link roles, switch ``current``; returns v."""
-        (staged / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-        os.chmod(staged / MARKER, 0o644)
-        sync_tree(str(staged))
-        checkpoint("synced")
-        self.versions.mkdir(exist_ok=True)
-        version = f"{digest.split(':')[-1][:12]}-{secrets.token_hex(4)}"
-        os.rename(staged, self.versions / version)
-        fsync_path(str(self.versions))
-        checkpoint("renamed")
-        for role in roles:  # dangling until the first switch; never retargeted afterwards
-            p = self.root / role
-            if not p.is_symlink():
-                tmp = self.root / f".{role}.cachebake-tmp-{secrets.token_hex(4)}"
-                os.symlink(self.role_link(role), tmp)
-                os.rename(tmp, p)
+    def remove_staging(self, name: str) -> None:
+        fd = self._sub("staging")
+        if fd is not None:
+            try:
+                rmtree_at(fd, name)
+            finally:
+                os.close(fd)
+
+    def link_roles(self, roles: list[str]) -> None:
+        """DIR/<role> -> .cachebake/current/<role>, made with symlink(2), which never replaces:
+        anything else at that name (even one that appeared a moment ago) is refused."""
+        for role in roles:
+            try:
+                os.symlink(self.role_link(role), role, dir_fd=self.root_fd)
+                self._links_made.append(role)
                 checkpoint("role-link")
-        fsync_path(str(self.root))
-        tmp = self.state / f"current.tmp-{secrets.token_hex(4)}"
-        os.symlink(f"versions/{version}", tmp)
+            except FileExistsError:
+                self.check_role_path(role)  # ours already, or BadInput naming it
+        os.fsync(self.root_fd)
+
+    def commit(self, staged: str, staged_fd: int, digest: str, marker: dict, roles: list[str]) -> str:
+        """Sync the staged tree, link roles, move it into versions/, switch ``current``."""
+        fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=staged_fd)
+        try:
+            os.fchmod(fd, 0o644)
+            data = json.dumps(marker, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        sync_tree(staged_fd)
+        checkpoint("synced")
+        self.link_roles(roles)
+        version = self.pending_version = f"{digest.split(':')[-1][:12]}-{secrets.token_hex(4)}"
+        staging_fd, versions_fd = self._sub("staging"), self._sub("versions", create=True)
+        try:
+            rename_noreplace(staged, version, staging_fd, versions_fd)
+            os.fsync(versions_fd)
+        finally:
+            os.close(staging_fd)
+            os.close(versions_fd)
+        checkpoint("renamed")
+        current = os.stat("current", dir_fd=self.state_fd, follow_symlinks=False) \
+            if lexists("current", self.state_fd) else None
+        if current is not None and not stat.S_ISLNK(current.st_mode):
+            raise BadInput(f"{self.state / 'current'} is not a symbolic link; refusing to replace it")
+        tmp = f"current.tmp-{secrets.token_hex(4)}"
+        os.symlink(f"versions/{version}", tmp, dir_fd=self.state_fd)
         checkpoint("current-tmp")
-        os.rename(tmp, self.current)  # the atomic switch
-        fsync_path(str(self.state))
+        os.rename(tmp, "current", src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)  # the switch
+        os.fsync(self.state_fd)
         checkpoint("switched")
+        self._links_made.clear()  # they are backed now
         return version
 
-    # helpers
-    def _current_version(self) -> str | None:
+    def switched(self) -> bool:
+        """Whether ``current`` names the version this install committed (for Ctrl-C's report;
+        opens DIR afresh, so it also works after the lock was released)."""
+        if self.pending_version is None:
+            return False
         try:
-            return os.path.basename(os.readlink(self.current))
+            fd = os.open(self.state, DIR_FLAGS)
         except OSError:
-            return None
+            return False
+        try:
+            return readlink("current", fd) == f"versions/{self.pending_version}"
+        finally:
+            os.close(fd)
+
+    def current_version(self) -> str | None:
+        target = readlink("current", self.state_fd) if self.state_fd is not None else None
+        return target.rpartition("/")[2] if target else None
+
+    def undo(self) -> None:
+        """After a refusal (lock held): remove the role links this install made and, if it
+        created them, DIR/.cachebake and DIR, so a fresh DIR is left as it was."""
+        current = self.current_version()
+        backed = set(self._roles_of(current))
+        for role in self._links_made:
+            if role not in backed and readlink(role, self.root_fd) == self.role_link(role):
+                os.unlink(role, dir_fd=self.root_fd)
+        self._links_made.clear()
+        if not self._created_state or current is not None:
+            return
+        for sub in ("staging", "versions"):
+            rmdir_quiet(sub, self.state_fd)
+        try:
+            os.unlink("lock", dir_fd=self.state_fd)  # waiters see it gone and start over
+        except FileNotFoundError:
+            pass
+        if not rmdir_quiet(STATE, self.root_fd):
+            return
+        for d in self._created:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
 
     def _roles_of(self, version: str | None) -> list[str]:
         if version is None:
             return []
+        fd = self._sub("versions")
         try:
-            return json.loads((self.versions / version / MARKER).read_text()).get("roles", [])
-        except (OSError, ValueError):
+            vfd = self._open_dir(fd, version, self.state / "versions" / version) if fd is not None else None
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if vfd is None:
             return []
+        try:
+            marker = schema.parse_json(schema.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd), MARKER)
+            return [r for r in marker.get("roles", []) if r in ROLE_ENV]
+        except Exception:  # noqa: BLE001 - an unreadable marker backs no role
+            return []
+        finally:
+            os.close(vfd)

@@ -1,94 +1,94 @@
-"""Safe extraction of a bake layer (tar + zstd).
+"""Safe extraction of a bake layer (tar + zstd), in one pass, into a private staging directory.
 
-A layer comes from a registry or a shared volume: treat it as hostile.  Two steps:
+A layer comes from a registry or a shared volume: treat it as hostile.  ``extract_layer``
+reads the compressed stream once: a helper thread decompresses it (inflate.py), the strict tar
+reader (tarstream.py) yields one header at a time, ``EntryChecker`` refuses the entry or says
+how to write it, and only then is that entry written, below a staging directory nobody else
+writes to.  What can only be known at the end (the counts match the manifest exactly, every
+declared role is there, nothing follows the end-of-archive marker, the blob's digest) is
+checked at the end; the caller switches the new tree in only after that, and removes the
+staging directory on any refusal.  Nothing is visible in DIR before the digest matched.
 
-* ``load_layer`` reads the compressed blob through the digest-verifying reader, decompresses
-  it under the bomb guard and checks every entry, writing nothing, so a corrupt or unsafe
-  layer is refused before DIR is touched (the issue asks for "nothing written");
-* ``extract_layer`` writes those same bytes into a fresh staging directory nobody else uses.
+The checks, and why each is stricter than tarfile's PEP 706 ``data`` filter (not used: it
+would cost ~23 us a member for realpath(), and every case it refuses is refused here first;
+Python builds without it, like Debian 12's 3.11.2, therefore lose nothing):
 
-Both apply the same ``LayerGuard``; it ends with tarfile's PEP 706 ``data_filter``
-(absolute paths, paths leaving the destination, links leaving it, device and fifo entries; it
-strips setuid and group/other-write bits).  Our
-own checks run first and are stricter; what they add to the filter, and why:
-
-* every link, symbolic or hard, is refused outright, even one that stays inside the tree: the
-  packer never writes links, so a link can only be an attack or a bug, and refusing it makes
-  the write side trivially safe (O_CREAT|O_EXCL|O_NOFOLLOW into a fresh directory);
-* setuid/setgid/sticky bits are refused, not silently stripped: they mean someone crafted it;
-* only regular files and directories; no sparse files; no duplicate names; no path below a
-  file; every top-level directory is a role the manifest declares;
-* modes are capped to 0644/0755 (0755 for files with any x bit) whatever the umask;
-* bomb guard: the manifest's declared entry count, file bytes and tar size are hard ceilings
-  while decompressing and checking (before anything is written), the declared tar size must be
-  within ``MAX_RATIO`` times the compressed size, the decompressor may not produce a byte past
-  the declared size (inflate.py), and no entry's data may run past the end of the tar; at the
-  end the counts must match the manifest exactly (a short layer is corrupt);
-* the compressed blob is read to EOF through the digest-verifying reader before it is
-  decompressed; the decompressed tar is not re-hashed against the manifest's diff_id, since
-  the verified compressed digest already pins those bytes (measured: it cost ~15% of install).
+* links of any kind, devices, fifos, sparse files and every other entry type are refused, not
+  filtered: the packer writes regular files and directories only, so the write side is
+  O_CREAT|O_EXCL|O_NOFOLLOW relative to directory fds we created;
+* setuid/setgid/sticky bits are refused, not stripped: they mean someone crafted the layer;
+* names: relative, no "." / ".." / empty components, no control characters, valid UTF-8,
+  components <= NAME_MAX, the installed path <= PATH_MAX, at most ``MAX_DEPTH`` levels, no two
+  names equal under case folding and NFC (a case-insensitive volume would merge them);
+* the tree: every top-level entry is a directory named by a role the manifest declares, no
+  duplicates, nothing below a file, no file where a directory was implied;
+* modes are 0644/0755 (0755 for files with any x bit) whatever the umask;
+* totals: the manifest's entry count, file bytes and tar size are hard ceilings while reading
+  and must match exactly at the end; the declared tar size must be within ``MAX_RATIO`` of the
+  compressed size, and the decompressor stops at the first byte past it.
 """
 
 from __future__ import annotations
 
 import os
-import stat
-import tarfile
+import unicodedata
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
 
-from cachebake.errors import CorruptArtifact, Unsupported, UnsafeArtifact
-from cachebake.install.inflate import Inflating
+from cachebake.artifact.manifest import BakeManifest
+from cachebake.errors import CorruptArtifact, InvalidDocument, UnsafeArtifact
+from cachebake.install import refusals
+from cachebake.install.inflate import Inflater
+from cachebake.install.staging import StagingThread
+from cachebake.install.tarstream import ChunkReader, Header, members
 
-# Real caches compress to 2.6-12% of raw (shared/FACTS.md, a vLLM Mamba2 cache), AOT
-# specializations of a few kernels to ~1% with zstd-19 --long (bench/pack.md): 100:1.  1000:1
-# leaves room for that and still stops a zero-filled bomb (zstd: ~30000:1).  The ratio only
-# bounds what a manifest may declare; the declared sizes are the hard ceilings, and install
-# checks the declared bytes fit on DIR's filesystem before writing.
+# Real caches compress to 2.6-12% of raw, AOT specializations of a few kernels to ~1% with
+# zstd-19 --long (bench/pack.md): 100:1.  1000:1 leaves room for that and still stops a
+# zero-filled bomb (zstd: ~30000:1).  The declared sizes are the hard ceilings; install checks
+# they fit on DIR's filesystem (bytes and inodes) before writing.
 MAX_RATIO = 1000
-# A tiny layer is mostly tar headers, which compress very well: no ratio below this size.
-RATIO_GRACE = 1 << 20
-# The decompressed layer is held in (mapped) memory; refuse to declare more than this.
-MAX_TAR_BYTES = 16 << 30
-CHUNK = 1 << 20
-FILTER_DEST = "/nonexistent/cachebake-filter-dest"
+RATIO_GRACE = 1 << 20  # a tiny layer is mostly tar headers, which compress very well
+NAME_MAX = 255
+PATH_MAX = 4096
+MAX_DEPTH = 32  # Triton's cache is 3 deep, vLLM's and Inductor's under 10
+MAX_ENTRIES = 4_000_000
+_CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
 
 # Called with each file's member name; returns None (copy as is) or a function that maps the
-# file's bytes to the bytes to write (relocation of Triton group files and of the vllm role),
-# or returns the very object it was given to leave the file as is.
+# file's bytes to the bytes to write (relocation of Triton group files), or returns the very
+# object it was given to leave the file as is.  Such a file is held in memory: at most
+# MAX_TRANSFORMED bytes (a group file's own cap, 1 MiB, is relocate.py's; the bound is for
+# whole-file rewrites like vLLM's torch.compile artifacts, which can run to hundreds of MB).
+MAX_TRANSFORMED = 1 << 30
 Transform = Callable[[str], "Callable[[bytes], bytes] | None"]
 
 
 @dataclass
 class LayerLimits:
-    """What the (digest-verified) manifest declares about the layer: hard ceilings."""
+    """What the (digest-verified, schema-checked) manifest declares about the layer."""
 
     roles: frozenset[str]
     entries: int
+    files: int
     file_bytes: int
     tar_size: int
     compressed_size: int
-    diff_id: str
+    path_budget: int = PATH_MAX - 1  # bytes left for a member name under the longest root
 
     @classmethod
-    def from_manifest(cls, manifest: dict, compressed_size: int) -> "LayerLimits":
-        layer = manifest.get("layer")
-        if not isinstance(layer, dict):
-            raise CorruptArtifact("manifest has no 'layer' section")
-        try:
-            limits = cls(
-                roles=frozenset(manifest["roles"]),
-                entries=int(layer["entries"]),
-                file_bytes=int(layer["uncompressed_size"]),
-                tar_size=int(layer["tar_size"]),
-                compressed_size=int(compressed_size),
-                diff_id=str(layer.get("diff_id", "")),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptArtifact(f"manifest 'layer' section is incomplete: {e}") from None
-        media = layer.get("media_type", "application/vnd.oci.image.layer.v1.tar+zstd")
-        if not media.endswith("tar+zstd"):
-            raise Unsupported(f"layer media type {media!r} is not tar+zstd")
+    def from_manifest(cls, manifest, compressed_size: int, roots: tuple[str, ...] = ()) -> "LayerLimits":
+        """``manifest``: a BakeManifest, or its dict (schema-checked here); ``roots``: where
+        entries will land (for PATH_MAX)."""
+        if isinstance(manifest, dict):
+            manifest = BakeManifest.from_dict(manifest)
+        layer = manifest.layer
+        longest = max((len(os.fsencode(r.rstrip("/"))) for r in roots), default=0)
+        limits = cls(roles=frozenset(manifest.roles), entries=layer.entries, files=layer.files,
+                     file_bytes=layer.uncompressed_size, tar_size=layer.tar_size,
+                     compressed_size=int(compressed_size), path_budget=PATH_MAX - 2 - longest)
+        if limits.entries > MAX_ENTRIES:
+            raise UnsafeArtifact(f"layer declares {limits.entries} entries, over the {MAX_ENTRIES} "
+                                 "this installer accepts")
         if limits.tar_size > MAX_RATIO * max(limits.compressed_size, RATIO_GRACE // MAX_RATIO):
             raise UnsafeArtifact(
                 f"layer declares {limits.tar_size} bytes from {limits.compressed_size} compressed "
@@ -103,195 +103,211 @@ class LayerStats:
     file_bytes: int = 0
     tar_bytes: int = 0
     transformed: int = 0
-    names: set[str] = field(default_factory=set, repr=False)
-    file_names: set[str] = field(default_factory=set, repr=False)
+    # what was written, for the installed-tree check (install.json): dirs, and per file
+    # [size, mtime_ns, ctime_ns, inode]
+    dirs: list[str] = field(default_factory=list, repr=False)
+    inventory: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
 
-class LayerGuard:
+class EntryChecker:
     """The per-entry checks and running totals against the manifest's declared numbers."""
 
     def __init__(self, limits: LayerLimits):
         self.limits = limits
         self.stats = LayerStats()
+        self.names: set[str] = set()  # explicit entries
+        self.files: set[str] = set()
+        self.dirs: set[str] = set()  # explicit and implied directories
+        self.folded: dict[str, str] = {}
+        self.role_entries = dict.fromkeys(limits.roles, 0)
 
-    def finish(self) -> None:
-        """After the last entry: the totals must be exactly what the manifest declares."""
-        lim, st = self.limits, self.stats
-        if st.entries != lim.entries or st.file_bytes != lim.file_bytes:
-            raise CorruptArtifact(
-                f"layer holds {st.entries} entries / {st.file_bytes} file bytes, the manifest "
-                f"declares {lim.entries} / {lim.file_bytes}")
-        if st.tar_bytes != lim.tar_size:
-            raise CorruptArtifact(
-                f"layer tar is {st.tar_bytes} bytes, the manifest declares {lim.tar_size}")
-
-    # -- entry level -----------------------------------------------------------------------
-    def check(self, m: tarfile.TarInfo) -> int:
-        """Refuse ``m`` or return the (capped) mode to write it with; updates the totals."""
-        name = m.name
-        # Order matters only for the message: the most specific reason first.
-        if "\x00" in name or not name:
-            raise UnsafeArtifact(f"entry with an empty or NUL-bearing name: {name!r}")
+    def check(self, h: Header) -> int:
+        """Refuse ``h`` or return the mode to write it with; updates the totals."""
+        name = h.name
+        if not name or "\x00" in name or not _CONTROL.isdisjoint(name):
+            raise refusals.BadNameError(name, "is empty or holds control characters")
         if name.startswith("/"):
-            raise UnsafeArtifact(f"entry {name!r} has an absolute path")
+            raise refusals.AbsolutePathError(name)
         parts = name.split("/")
         if ".." in parts:
-            raise UnsafeArtifact(f"entry {name!r} climbs out of the tree with '..'")
-        if any(p in ("", ".") for p in parts):
-            raise UnsafeArtifact(f"entry {name!r} is not a normalized relative path")
-        if m.issym():
-            raise UnsafeArtifact(f"entry {name!r} is a symlink to {m.linkname!r}: layers never hold links")
-        if m.islnk():
-            raise UnsafeArtifact(f"entry {name!r} is a hard link to {m.linkname!r}: layers never hold links")
-        if m.ischr() or m.isblk():
-            raise UnsafeArtifact(f"entry {name!r} is a device node")
-        if m.isfifo():
-            raise UnsafeArtifact(f"entry {name!r} is a fifo")
-        if not (m.isreg() or m.isdir()) or m.issparse():
-            raise UnsafeArtifact(f"entry {name!r} has unsupported tar type {m.type!r}")
-        if m.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX):
-            raise UnsafeArtifact(f"entry {name!r} has setuid/setgid/sticky bits (mode {m.mode:o})")
-        if parts[0] not in self.limits.roles:
-            raise UnsafeArtifact(f"entry {name!r} is outside the roles the manifest declares "
-                                 f"({', '.join(sorted(self.limits.roles))})")
+            raise refusals.TraversalError(name)
+        if "" in parts or "." in parts:
+            raise refusals.BadNameError(name)
+        if len(parts) > MAX_DEPTH:
+            raise refusals.TooDeepError(name, f"nests {len(parts)} levels deep, over {MAX_DEPTH}")
+        encoded = name.encode("utf-8")
+        if len(encoded) > self.limits.path_budget:
+            raise refusals.PathTooLongError(name[:80] + "...", f"makes an installed path over PATH_MAX "
+                                            f"({PATH_MAX} bytes)")
+        if len(encoded) > NAME_MAX and any(len(p.encode("utf-8")) > NAME_MAX for p in parts):
+            raise refusals.NameTooLongError(name[:80] + "...", f"has a path component over NAME_MAX "
+                                            f"({NAME_MAX} bytes)")
+        if h.mode & 0o7000:
+            raise refusals.SpecialModeError(name, f"has setuid/setgid/sticky bits (mode {h.mode:o})")
+        if h.mode & ~0o7777:
+            raise refusals.EntryTypeError(name, f"has mode bits {h.mode:o} beyond the permissions")
+        role = parts[0]
+        if role not in self.limits.roles:
+            raise refusals.OutsideRolesError(name, f"is outside the roles the manifest declares "
+                                                   f"({', '.join(sorted(self.limits.roles))})")
+        if len(parts) == 1 and not h.isdir:
+            raise refusals.RoleNotDirectoryError(name, "is a cache role but a regular file, not a directory")
+        if name in self.names:
+            raise refusals.DuplicateError(name)
+        parent = name.rpartition("/")[0]
+        if parent and parent not in self.dirs:
+            self._imply_dirs(name, parts)
+        if h.isdir:
+            if name in self.files:
+                raise refusals.DuplicateError(name)
+        elif name in self.dirs:
+            raise refusals.FileOverDirectoryError(name)
+        self._fold(name)
         st = self.stats
-        if name in st.names:
-            raise UnsafeArtifact(f"entry {name!r} appears twice")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in st.file_names:
-                raise UnsafeArtifact(f"entry {name!r} sits below a regular file")
         st.entries += 1
         if st.entries > self.limits.entries:
-            raise UnsafeArtifact(f"layer has more entries than the {self.limits.entries} the "
-                                 "manifest declares")
-        if m.isreg():
-            st.files += 1
-            st.file_bytes += m.size
-            if st.file_bytes > self.limits.file_bytes:
-                raise UnsafeArtifact(f"layer holds more file data than the {self.limits.file_bytes} "
-                                     f"bytes the manifest declares (at {name!r})")
-            st.file_names.add(name)
-        st.names.add(name)
-        try:
-            # PEP 706, the standard gate, kept as a backstop behind the stricter checks above.
-            # Run before anything is written, against a destination that does not exist: the
-            # staging dir is fresh and the layer holds no links, so there is nothing for the
-            # filter's realpath() to resolve (and it halves the filter's cost).
-            tarfile.data_filter(m, FILTER_DEST)
-        except tarfile.FilterError as e:
-            raise UnsafeArtifact(f"entry {name!r} refused by tarfile's data filter: {e}") from None
-        # Our own mode cap supersedes the filter's (which keeps e.g. 0o600 as is).
-        return 0o755 if (m.isdir() or m.mode & 0o111) else 0o644
+            raise refusals.OverDeclaredError(name, f"gives the layer more entries than the "
+                                                   f"{self.limits.entries} the manifest declares")
+        if len(parts) > 1:
+            self.role_entries[role] += 1
+        self.names.add(name)
+        if h.isdir:
+            self.dirs.add(name)
+            return 0o755
+        st.files += 1
+        st.file_bytes += h.size
+        if st.files > self.limits.files or st.file_bytes > self.limits.file_bytes:
+            raise refusals.OverDeclaredError(name, f"gives the layer more files or more file data than the "
+                                                   f"{self.limits.files} files / {self.limits.file_bytes} "
+                                                   "bytes the manifest declares")
+        self.files.add(name)
+        return 0o755 if h.mode & 0o111 else 0o644
+
+    def _imply_dirs(self, name: str, parts: list[str]) -> None:
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i])
+            if d in self.files:
+                raise refusals.BelowFileError(name)
+            if d not in self.dirs:
+                self.dirs.add(d)
+                self._fold(d)
+
+    def _fold(self, name: str) -> None:
+        key = unicodedata.normalize("NFC", name).casefold() if not name.isascii() else name.lower()
+        other = self.folded.setdefault(key, name)
+        if other != name:
+            raise refusals.NameCollisionError(name, f"collides with {other!r} under case folding or "
+                                                    "Unicode normalization")
+
+    def finish(self, tar_bytes: int) -> None:
+        """After the last entry: the totals must be exactly what the manifest declares."""
+        lim, st = self.limits, self.stats
+        st.tar_bytes = tar_bytes
+        if st.entries != lim.entries or st.files != lim.files or st.file_bytes != lim.file_bytes:
+            raise CorruptArtifact(
+                f"layer holds {st.entries} entries / {st.files} files / {st.file_bytes} file bytes, the "
+                f"manifest declares {lim.entries} / {lim.files} / {lim.file_bytes}")
+        if tar_bytes != lim.tar_size:
+            raise CorruptArtifact(f"layer stream is damaged or truncated: it decompresses to {tar_bytes} "
+                                  f"of the {lim.tar_size} bytes the manifest declares")
+        for role, n in sorted(self.role_entries.items()):
+            if role not in self.names or not n:
+                raise CorruptArtifact(f"the manifest declares role {role!r} but the layer holds "
+                                      f"{'nothing' if role not in self.dirs else 'an empty directory'} for it")
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-@dataclass
-class Layer:
-    """A verified, decompressed layer held in memory, with its entries already checked."""
-
-    tar: memoryview  # the whole decompressed tar
-    members: list[tuple[tarfile.TarInfo, int]]  # each checked entry and the mode to write
-    stats: LayerStats
-    rewritten: dict[str, bytes] = field(default_factory=dict)  # member name -> bytes to write
-
-
-def load_layer(compressed: BinaryIO, limits: LayerLimits, transform: Transform | None = None) -> Layer:
-    """Read, verify, decompress and check the whole layer; writes nothing.
-
-    The compressed blob is read to EOF through the artifact's digest-verifying reader first,
-    so a flipped byte gets its own clear error and the bytes checked here are exactly the
-    bytes extracted later (no second read that could differ).  Decompression runs under the
-    bomb guard.  The layer is held in memory: bakes are tens to hundreds of MB, and the guard
-    bounds it by the manifest's declared size before anything is allocated for it.
-    ``transform`` (group-file relocation) runs here too, so a group file it refuses also
-    leaves DIR untouched.
-    """
-    if limits.tar_size > MAX_TAR_BYTES:
-        raise UnsafeArtifact(f"layer declares {limits.tar_size} bytes, over the "
-                             f"{MAX_TAR_BYTES} this installer holds")
-    blob = bytearray()
-    while chunk := compressed.read(CHUNK):  # the reader raises CorruptArtifact at EOF
-        blob += chunk
-        if len(blob) > limits.compressed_size:
-            raise CorruptArtifact(f"layer is longer than the {limits.compressed_size} bytes declared")
-    guard = LayerGuard(limits)
-    inflating = Inflating(blob, limits.tar_size)
-    members = []
-    try:
-        with tarfile.open(fileobj=inflating, mode="r:") as tar:
-            for m in tar:
-                mode = guard.check(m)
-                members.append((m, mode))
-        tar_bytes = inflating.finish()
-    except (tarfile.TarError, EOFError) as e:
-        inflating.cancel()
-        if inflating.error is not None:
-            raise inflating.error from None
-        raise CorruptArtifact(f"layer stream is damaged or truncated: {e}") from None
-    except BaseException:
-        inflating.cancel()
-        raise
-    guard.stats.tar_bytes = len(tar_bytes)
-    for m, _ in members:
-        if m.isreg() and m.offset_data + m.size > len(tar_bytes):
-            raise CorruptArtifact(f"entry {m.name!r} runs past the end of the layer")
-    if len(tar_bytes) < limits.tar_size:
-        raise CorruptArtifact(f"layer stream is damaged or truncated: it decompresses to "
-                              f"{len(tar_bytes)} of the {limits.tar_size} bytes the manifest declares")
-    guard.finish()
-    rewritten = {}
-    for m, _ in members:
-        rewrite = transform(m.name) if transform is not None and m.isreg() else None
-        if rewrite is not None:
-            original = bytes(tar_bytes[m.offset_data:m.offset_data + m.size])
-            new = rewrite(original)
-            if new is not original:  # a rewrite returns its input itself to leave it as is
-                rewritten[m.name] = new
-    guard.stats.transformed = len(rewritten)
-    return Layer(tar_bytes, members, guard.stats, rewritten)
-
-
-def extract_layer(layer: Layer, dest: str,
+def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | None,
+                  transform: Transform | None = None,
                   checkpoint: Callable[[str], None] = lambda _: None) -> LayerStats:
-    """Write a loaded layer into ``dest``, a fresh empty directory we own.
+    """Read, check and (``staging_fd`` given) write the whole layer in one pass.
 
-    Every entry was checked by ``load_layer`` (the only maker of a ``Layer``).
-    O_CREAT|O_EXCL|O_NOFOLLOW into a fresh directory of a link-free layer cannot write anywhere
-    but below ``dest``.
+    ``compressed``: the layer blob as a stream (install/source.py's ``open_layer``): read once,
+    front to back; it must raise CorruptArtifact at its end if the bytes were not the declared
+    blob.  ``staging_fd``: an empty directory we own; None checks the layer without writing
+    (``install --check-only``).  On any refusal the caller removes the staging directory.
+
+    Three threads: the helper decompresses, this one parses and checks, the writer
+    (install/staging.py) creates what was checked, in order; zstd and the system calls
+    release the GIL, so the three overlap much as `zstd -d | tar -x` does.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    data = layer.tar
-    made = {dest}
-    umask = os.umask(0o022)
-    os.umask(umask)
-    for m, mode in layer.members:
-        path = os.path.join(dest, m.name)
-        parent = os.path.dirname(path)
-        if parent not in made:  # a layer may omit directory entries
-            os.makedirs(parent, mode=0o755, exist_ok=True)
-            if 0o755 & umask:
-                os.chmod(parent, 0o755)
-            made.add(parent)
-        if m.isdir():
-            os.mkdir(path, 0o755)
-            if 0o755 & umask:
-                os.chmod(path, 0o755)
-            made.add(path)
-        else:
-            content = layer.rewritten.get(m.name)
-            if content is None:
-                content = data[m.offset_data:m.offset_data + m.size]
-            fd = os.open(path, flags, mode)
-            try:
-                if mode & umask:  # the umask dropped bits the server needs
-                    os.fchmod(fd, mode)
-                _write_all(fd, content)
-            finally:
-                os.close(fd)
-        checkpoint("entry")
-    return layer.stats
+    checker = EntryChecker(limits)
+    stats = checker.stats
+    inflater = Inflater(compressed, limits.tar_size)
+    writer = StagingThread(staging_fd, stats, checkpoint) if staging_fd is not None else None
+    try:
+        reader = ChunkReader(inflater.next_chunk)
+        for h in members(reader):
+            mode = checker.check(h)
+            if h.isdir:
+                if writer is not None:
+                    writer.mkdir(h.name)
+                continue
+            rewrite = transform(h.name) if transform is not None else None
+            if rewrite is not None:
+                if h.size > MAX_TRANSFORMED:
+                    raise InvalidDocument(h.name, "", f"is {h.size} bytes, over the {MAX_TRANSFORMED} "
+                                          "install reads into memory to rewrite")
+                original = reader.read_exact(h.size)
+                new = rewrite(original)
+                if new is not original:  # a rewrite returns its input itself to leave it as is
+                    stats.transformed += 1
+                data = [memoryview(new)]
+            elif writer is not None:
+                data = reader.take_views(h.size)
+            else:
+                reader.skip(h.size)
+                continue
+            if writer is not None:
+                writer.write(h.name, mode, data)
+        checker.finish(inflater.total)
+        if writer is not None:
+            writer.finish()
+    except (UnsafeArtifact, CorruptArtifact) as e:
+        if writer is not None:
+            writer.cancel()
+        _prefer_digest_error(inflater, compressed)
+        raise e from None
+    except BaseException:
+        if writer is not None:
+            writer.cancel()
+        inflater.cancel()
+        raise
+    return stats
+
+
+def extract_to(compressed: BinaryIO, limits: LayerLimits, path: str | os.PathLike,
+               transform: Transform | None = None) -> LayerStats:
+    """``extract_layer`` into a new directory ``path`` (created; removed again on any refusal),
+    for callers that unpack a layer outside an install (fold-back's base)."""
+    from cachebake.install.fsops import DIR_FLAGS, rmtree_at
+
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    os.mkdir(path, 0o755)
+    fd = os.open(path, DIR_FLAGS)
+    try:
+        return extract_layer(compressed, limits, fd, transform)
+    except BaseException:
+        parent_fd = os.open(parent, DIR_FLAGS)
+        try:
+            rmtree_at(parent_fd, name)
+        finally:
+            os.close(parent_fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+DRAIN_LIMIT = 256 << 20
+
+
+def _prefer_digest_error(inflater: Inflater, compressed: BinaryIO) -> None:
+    """A refusal of a blob that does not match its digest is reported as that: a damaged or
+    tampered download, not a crafted layer.  Reads the rest of the blob to find out, when that
+    rest is at most DRAIN_LIMIT (a stream that says, like VerifyingReader's ``remaining``)."""
+    inflater.cancel()
+    remaining = getattr(compressed, "remaining", None)
+    if remaining is None or remaining > DRAIN_LIMIT:
+        return
+    while compressed.read(1 << 20):  # raises CorruptArtifact at the end if the digest differs
+        pass

@@ -1,105 +1,93 @@
-"""Decompress a layer into one buffer on a helper thread while the tar headers are checked.
+"""Decompress a layer stream on a helper thread, handing bounded chunks to the extractor.
 
-`zstd -d | tar -x` overlaps decompression and extraction on two cores; install must check
-every entry before it writes anything, so it overlaps decompression with the checking instead:
-zstd releases the GIL, so a thread fills a buffer of the manifest's declared tar size while
-the main thread parses headers out of what is already there.  The buffer is mapped once at
-the declared size (already bounded by the ratio guard and the free-space check), so the whole
-tar ends up in one piece without a join, and extraction writes slices of it without copies.
+`zstd -d | tar -x` overlaps decompression and extraction on two cores; so does install:
+zstd (and the digest's sha256, and file reads) release the GIL, so a helper thread
+decompresses while the main thread checks headers and writes files.  Memory is bounded by
+the queue (``DEPTH`` chunks of ``CHUNK`` bytes), whatever the blob or the manifest declares:
+bytes past the tar's end, skippable zstd frames and padding cannot grow it.
+
+The decompressed total may not pass the manifest's declared tar size (refused at the first
+byte over, UNSAFE); zstd frames needing a window over 128 MiB are refused by the decoder
+(``MAX_WINDOW``: the packer writes window log 27, zstd's own default decoding limit).  When
+the zstd stream ends, the compressed source is read to its end, which is where the source
+checks the blob's size and digest (see ``LayerStream`` in install/source.py).
 """
 
 from __future__ import annotations
 
-import mmap
+import queue
 import threading
 
 import zstandard
 
 from cachebake.errors import CorruptArtifact, UnsafeArtifact
 
-CHUNK = 1 << 20
+CHUNK = 1 << 20  # bigger chunks cost more CPU (fresh pages per read), smaller more hand-overs
+DEPTH = 8  # DEPTH * CHUNK bounds the memory in flight
+MAX_WINDOW = 1 << 27
+_END = object()
 
 
-class Inflating:
-    """A read-only, forward-seekable file over a buffer a helper thread is filling.
+class Inflater:
+    """``next_chunk()`` returns the next decompressed bytes, b"" once at the end (after the
+    source's digest was checked); errors of the helper thread are raised there."""
 
-    Exactly what ``tarfile.open(mode="r:")`` needs: read, seek (absolute), tell.  A read waits
-    for the bytes it asks for (or the end of the stream); errors from the helper thread are
-    raised in the reader.
-    """
-
-    def __init__(self, compressed, size: int):
-        # Anonymous mmap: pages come zeroed from the kernel on first touch, where a bytearray
-        # would memset the whole declared size up front (~0.5 ms per MB).
-        self.buf = mmap.mmap(-1, size) if size > 0 else bytearray()
-        self.view = memoryview(self.buf)
-        self.filled = 0
-        self.pos = 0
+    def __init__(self, compressed, limit: int):
+        self.compressed = compressed
+        self.limit = limit
+        self.total = 0
         self.error: BaseException | None = None
-        self.done = False
-        self.cancelled = False
-        self.cond = threading.Condition()
-        self.reader = zstandard.ZstdDecompressor().stream_reader(compressed, read_size=CHUNK,
-                                                                 read_across_frames=True)
-        self.thread = threading.Thread(target=self._fill, name="cachebake-inflate", daemon=True)
-        self.thread.start()
+        self._queue: queue.Queue = queue.Queue(maxsize=DEPTH)
+        self._cancelled = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._run, name="cachebake-inflate", daemon=True)
+        self._thread.start()
 
-    def _fill(self) -> None:
+    def _run(self) -> None:
         try:
-            size = len(self.buf)
-            while self.filled < size and not self.cancelled:
-                n = self.reader.readinto(self.view[self.filled:min(size, self.filled + CHUNK)])
-                if not n:
+            reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
+                self.compressed, read_size=CHUNK, read_across_frames=True, closefd=False)
+            while not self._cancelled.is_set():
+                chunk = reader.read(CHUNK)
+                if not chunk:
                     break
-                with self.cond:
-                    self.filled += n
-                    self.cond.notify_all()
-            if self.filled == size and not self.cancelled and self.reader.read(1):
-                raise UnsafeArtifact(f"layer decompresses past the {size} bytes the manifest "
-                                     "declares: refusing a size bomb")
+                self.total += len(chunk)
+                if self.total > self.limit:
+                    raise UnsafeArtifact(f"layer decompresses past the {self.limit} bytes the manifest "
+                                         "declares: refusing a size bomb")
+                self._put(chunk)
+            if not self._cancelled.is_set() and self.compressed.read(1):
+                # read_across_frames decodes everything up to the source's end, so this is
+                # only reached if zstd stopped early; the source checks the digest at EOF.
+                raise CorruptArtifact("layer blob holds data after its last zstd frame")
         except zstandard.ZstdError as e:
             self.error = CorruptArtifact(f"layer stream is damaged or truncated: {e}")
         except BaseException as e:  # noqa: BLE001 - handed to the reading thread
             self.error = e
         finally:
-            with self.cond:
-                self.done = True
-                self.cond.notify_all()
+            self._put(_END)
 
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.buf) if n is None or n < 0 else self.pos + n
-        with self.cond:
-            while self.filled < end and not self.done:
-                self.cond.wait()
+    def _put(self, item) -> None:
+        while not self._cancelled.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def next_chunk(self) -> bytes:
+        if self._ended:
+            return b""
+        item = self._queue.get()
+        if item is _END:
+            self._ended = True
+            self._thread.join()
             if self.error is not None:
                 raise self.error
-            end = min(end, self.filled)
-        data = bytes(self.view[self.pos:end]) if end > self.pos else b""
-        self.pos = max(self.pos, end)
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0:
-            raise OSError("Inflating only seeks to absolute offsets")
-        self.pos = offset
-        return offset
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def finish(self) -> memoryview:
-        """Wait for the helper; raise its error; return the bytes decompressed."""
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.view[:self.filled]
+            return b""
+        return item
 
     def cancel(self) -> None:
-        self.cancelled = True
-        self.thread.join()
+        """Stop the helper (a refusal, Ctrl-C); safe to call twice."""
+        self._cancelled.set()
+        self._thread.join()

@@ -9,16 +9,31 @@ passes.
 
 from __future__ import annotations
 
+from cachebake.artifact import schema
 from cachebake.artifact.fingerprint import Fingerprint, compare_fingerprints, current_fingerprint
-from cachebake.errors import CorruptArtifact, PreflightMismatch
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, PreflightMismatch
 
 
 def load_serving_fingerprint(fingerprint_file: str | None, target: str | None) -> Fingerprint:
     """The fingerprint to check against: ``fingerprint_file`` if given, else this process
-    (which imports Triton; with a file, an init container needs no Triton at all)."""
-    if fingerprint_file is not None:
-        return Fingerprint.load(fingerprint_file)
-    return current_fingerprint(target)
+    (which imports Triton; with a file, an init container needs no Triton at all).  The file
+    is the user's (exit 3 when it is unreadable or malformed), read with the same bounds as an
+    artifact's documents."""
+    if fingerprint_file is None:
+        return current_fingerprint(target)
+    name = f"fingerprint file {fingerprint_file}"
+    try:
+        data = schema.load_document(fingerprint_file, name, schema.CAP_FINGERPRINT, missing=BadInput)
+        if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict):
+            data = data["fingerprint"]
+        c = schema.Checker(name)
+        c.string(c.get(c.obj(data), "target", ""), "target", pattern=schema.TARGET_RE)
+        for key in ("env", "bake_paths"):
+            if key in data:
+                c.str_map(data[key], key)
+    except InvalidDocument as e:
+        raise BadInput(e.line()) from None
+    return Fingerprint.from_dict(data)
 
 
 def check(manifest: dict, serving: Fingerprint, allow_mismatch: bool,

@@ -16,7 +16,8 @@ import posixpath
 from typing import Callable
 
 from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
-from cachebake.errors import CorruptArtifact, UnsafeArtifact
+from cachebake.artifact.schema import CAP_GROUP_FILE
+from cachebake.errors import InvalidDocument, UnsafeArtifact
 
 
 def is_group_file(member_name: str) -> bool:
@@ -28,11 +29,15 @@ def is_group_file(member_name: str) -> bool:
 
 def rewrite_group(data: bytes, member_name: str, key_dir: str) -> bytes:
     """Return the group file ``member_name`` with every child path in ``key_dir``."""
+    if len(data) > CAP_GROUP_FILE:
+        raise InvalidDocument(f"group file {member_name}", "", f"is {len(data)} bytes, over the "
+                              f"{CAP_GROUP_FILE} this reader accepts")
     try:
         return relocated_group(data, key_dir)
     except InvalidGroup as e:
-        error = UnsafeArtifact if e.unsafe else CorruptArtifact
-        raise error(f"group file {member_name!r} {e}") from None
+        if e.unsafe:
+            raise UnsafeArtifact(f"group file {member_name!r} {e}") from None
+        raise InvalidDocument(f"group file {member_name}", e.field, e.detail) from None
 
 
 def group_rewriter(serve_root: str) -> Callable[[str], Callable[[bytes], bytes] | None]:
@@ -40,7 +45,7 @@ def group_rewriter(serve_root: str) -> Callable[[str], Callable[[bytes], bytes] 
     serve_root = os.path.abspath(serve_root)
 
     def for_member(member_name: str):
-        if not is_group_file(member_name):
+        if GROUP_PREFIX not in member_name or not is_group_file(member_name):  # the cheap test first
             return None
         role, key, _ = member_name.split("/")
         key_dir = posixpath.join(serve_root, role, key)

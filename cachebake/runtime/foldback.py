@@ -194,11 +194,10 @@ def _extract_base(source, bake, root: Path) -> None:
     """The base layer, verified and checked entry by entry exactly as install reads it."""
     from cachebake.install import extract, relocate
 
-    limits = extract.LayerLimits.from_manifest(bake.manifest.to_dict(), bake.layer_size)
+    limits = extract.LayerLimits.from_manifest(bake.manifest, bake.layer_size, (str(root),))
+    root.parent.mkdir(parents=True, exist_ok=True)
     with source.open_layer(bake) as compressed:
-        layer = extract.load_layer(compressed, limits, relocate.group_rewriter(str(root)))
-    root.mkdir(parents=True)
-    extract.extract_layer(layer, str(root))
+        extract.extract_to(compressed, limits, root, relocate.group_rewriter(str(root)))
 
 
 def _summary(g) -> dict:
