@@ -116,11 +116,14 @@ def run_row(r: Path, run: str, baked_keys, baked) -> dict | None:
     phases = (probe or {}).get("phases") or {}
     work = [e for e in read_events(r / f"events-{run}.jsonl") if e.get("kind") in WORK]
     by_phase = Counter(phase_of(e.get("time", 0), phases) for e in work)
+    # vLLM logs (its JIT monitor's warnings, torch.compile's cache lines) go to stdout, tqdm
+    # and Python warnings to stderr: read both.
     log = ""
-    try:
-        log = (r / f"log-{run}.txt").read_text(errors="replace")
-    except OSError:
-        pass
+    for name in (f"probe-{run}.out", f"probe-{run}.err"):
+        try:
+            log += (r / name).read_text(errors="replace")
+        except OSError:
+            pass
     jit = Counter(m.group(1) for m in JIT_LINE.finditer(log))
     torch_cache = {k: log.count(v) for k, v in TORCH_LINES.items()}
     kernels = [{"kernel": e.get("kernel"), "kind": e.get("kind"),

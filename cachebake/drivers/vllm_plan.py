@@ -281,6 +281,10 @@ SAMPLING_KINDS: dict[str, list[dict[str, Any]]] = {
                  {"temperature": 0.0, "prompt_logprobs": 2}],
     "logit-bias": [{"temperature": 0.8, "seed": 9, "logit_bias": {100: 5.0, 200: -5.0}}, GREEDY],
     "sample-unseeded": [{"temperature": 1.0, "top_p": 0.9}],
+    # Top-p without top-k anywhere in the batch (the sampler's TOPK_ENABLED=False variant): on
+    # the H200 (vLLM 0.24) this was the one kernel a baked server still compiled, for such
+    # traffic (bench/RESULTS.md, "The real vLLM engine").
+    "sample-top-p": [GREEDY, {"temperature": 0.3, "seed": 10}, {"temperature": 0.9, "top_p": 0.8, "seed": 11}],
 }
 
 
