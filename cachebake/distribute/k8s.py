@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from cachebake.errors import BadInput, Unsupported
 from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, role_dir, serving_env
+from cachebake.runtime import overlay_env
 
 PATTERNS = ("init", "image-volume")
 KINDS = ("deployment", "pod")
@@ -106,17 +107,6 @@ def _server_env(root: str) -> dict[str, str]:
     # Every role a bake can hold, as the Dockerfile's serving stage sets them: the bake ran
     # with all of them pinned under its root (cachebake.capture.env).
     return serving_env(root, list(ROLE_ENV))
-
-
-def overlay_env(overlay: str) -> tuple[dict[str, str], bool]:
-    """The variables that switch on the layered cache manager, and whether it exists here.
-    Until cachebake.runtime has it, only the overlay directory is set (harmless) and
-    TRITON_CACHE_MANAGER is left alone: naming a missing class would stop Triton."""
-    try:
-        from cachebake.runtime import overlay_env as runtime_overlay_env  # the serve-time work
-    except ImportError:
-        return {"CACHEBAKE_OVERLAY_DIR": overlay}, False
-    return dict(runtime_overlay_env(overlay)), True
 
 
 def _install_args(plan: PodPlan, fingerprint: bool) -> list[str]:
@@ -229,8 +219,7 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
                            "(docker://HOST/REPO:TAG, as `cachebake push` printed it)")
         ref = parse_reference(plan.artifact)
         image_ref = f"{ref.name}@{ref.digest}" if ref.digest else f"{ref.name}:{ref.tag or plan.target}"
-        overlay, present = overlay_env(OVERLAY_MOUNT)
-        server["env"] += _env(overlay)
+        server["env"] += _env(overlay_env(OVERLAY_MOUNT))
         # ROOT first, then the vllm role's mount inside it (runtimes sort mounts by depth too)
         server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root, "readOnly": True})
         volumes = [{"name": "cachebake", "image": {"reference": image_ref, "pullPolicy": "IfNotPresent"}}]
@@ -245,10 +234,8 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
                          "or the server cannot start (no mount point in the read-only image)")
         notes.append(f"image volumes need Kubernetes >= 1.35 and a runtime that reads zstd layers "
                      f"(containerd >= 1.5, CRI-O); {plan.root} must be the root the bake was made at")
-        if not present:
-            notes.append("the cache is read-only: until cachebake's serve-time layered cache "
-                         "manager is installed in the serving image, a kernel the bake missed "
-                         "fails to compile (PermissionError); verify the bake covers the server")
+        notes.append("TRITON_CACHE_MANAGER names cachebake's layered cache manager (misses go to "
+                     f"the {OVERLAY_MOUNT} emptyDir): the serving image needs cachebake installed")
     if plan.command[:2] == ["vllm", "serve"] and len(plan.command) > 2:
         notes.append(f"the server reads its model from {plan.command[2]}: mount it there "
                      "(a PersistentVolumeClaim, or an image volume)")
