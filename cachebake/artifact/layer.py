@@ -31,7 +31,6 @@ import zstandard
 
 from cachebake.artifact.snapshot import Snapshot
 
-LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 ZSTD_LEVEL = 19
 ZSTD_WINDOW_LOG = 27
 COMPRESSION = f"zstd-{ZSTD_LEVEL}-long{ZSTD_WINDOW_LOG}"

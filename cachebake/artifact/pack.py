@@ -22,8 +22,9 @@ from pathlib import Path
 
 from cachebake.artifact import oci
 from cachebake.artifact.fingerprint import GPUTargetSpec, current_fingerprint
-from cachebake.artifact.layer import COMPRESSION, LAYER_MEDIA_TYPE, LayerWriter
+from cachebake.artifact.layer import COMPRESSION, LayerWriter
 from cachebake.artifact.manifest import BakeManifest, Inventory, LayerFacts, build_inventory
+from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
 from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 

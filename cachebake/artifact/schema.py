@@ -53,7 +53,9 @@ MAX_LIST = 1_000_000
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TARGET_RE = re.compile(r"^(cuda:[0-9]{1,4}|hip:gfx[0-9a-z]{1,16})$")
-TAR_ZSTD_MEDIA_TYPES = ("application/vnd.oci.image.layer.v1.tar+zstd",)
+# The layer media type pack writes (its one home), and the ones install reads.
+LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
+TAR_ZSTD_MEDIA_TYPES = (LAYER_MEDIA_TYPE,)
 
 
 # ------------------------------------------------------------------------------ reading
