@@ -51,7 +51,6 @@ serve() {  # name root: serve-args for ROOT, then the probe with both monitors o
   timed "probe-$name" env CACHEBAKE_MONITOR_LOG="$R/events-$name.jsonl" \
     PYTHONPATH="$AUTOLOAD:$PYTHONPATH" python3 "$SRC/bench/vllm_serve_probe.py" \
     "$R/serve-args-$name.json" "$R/probe-$name.json"
-  cp "$R/probe-$name.err" "$R/log-$name.txt"
 }
 finish() {
   python3 "$SRC/bench/vllm_engine_table.py" "$R" --artifact "$ART" --out "$R" >/dev/null 2>"$R/table.err"

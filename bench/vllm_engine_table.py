@@ -6,7 +6,7 @@ still compiled with why.
     python3 bench/vllm_engine_table.py RESULTS_DIR [--artifact ART] [--out DIR]
 
 RESULTS_DIR holds what the stages wrote: build.json, install-<run>.out, probe-<run>.json,
-events-<run>.jsonl, log-<run>.txt, verify.out, stages.jsonl.  Missing pieces are shown as "-".
+events-<run>.jsonl, probe-<run>.out/.err (vLLM logs to stdout), verify.out, stages.jsonl.  Missing pieces are shown as "-".
 Writes table.md and table.json to --out (default RESULTS_DIR) and prints table.md.
 """
 
