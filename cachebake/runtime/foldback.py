@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from cachebake.artifact.groups import GROUP_PREFIX
 from cachebake.errors import BadInput, InvalidDocument, PreflightMismatch, Unsupported
 from cachebake.replay.record import RECORD_MEDIA_TYPE, CompileRecord, CompileSpec
 from cachebake.runtime import misses as misses_mod
@@ -214,7 +215,7 @@ def _fold_kernels(groups, triton_dir: Path, report: FoldReport, jobs, progress) 
 
     queued: dict[str, tuple[CompileSpec, list]] = {}  # spec_id -> (entry, the groups that logged it)
     for g in groups:
-        if (triton_dir / g.key / f"__grp__{g.kernel}.json").is_file():
+        if (triton_dir / g.key / f"{GROUP_PREFIX}{g.kernel}.json").is_file():
             report.in_base.append(_summary(g))
             continue
         if not g.entry.get("record"):
