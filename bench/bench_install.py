@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import resource
 import shutil
 import statistics
@@ -63,10 +64,13 @@ def main() -> None:
                          "(default: the temp dir's disk, and /dev/shm as a CPU-bound reference)")
     ap.add_argument("--phases", action="store_true",
                     help="instead: time install's phases (extraction, syncfs, commit) beside the pipeline")
+    ap.add_argument("--lanes", action="store_true",
+                    help="instead: time the extraction alone with 0-3 file-writer threads beside the "
+                         "pipeline (what install/staging.py's choice rests on)")
     args = ap.parse_args()
-    if args.phases:
-        for workdir in args.workdir or [tempfile.gettempdir()]:
-            print(phases(workdir, args.repeat))
+    if args.phases or args.lanes:
+        for workdir in args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else []):
+            print((lanes if args.lanes else phases)(workdir, args.repeat))
         return
     workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
@@ -129,6 +133,62 @@ def phases(workdir: str, repeat: int) -> str:
             subprocess.run(f"zstd -d -c {blob} | tar -x -C {work / f't{i}'}", shell=True, check=True)
             spent.setdefault("zstd -d | tar -x", []).append(time.perf_counter() - t)
         return "\n".join(f"{workdir}: {k}: median {statistics.median(v) * 1000:.0f} ms, "
+                         f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f} (n={len(v)})"
+                         for k, v in spent.items())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def lanes(workdir: str, repeat: int) -> str:
+    """extract_layer() into a fresh directory with 0 (the extracting thread writes), 1, 2 and 3
+    writer threads, and the pipeline, in shuffled rounds on one disk."""
+    import installkit
+    import realistic_cache
+    from badlayers import layer_blob
+    from cachebake.artifact.oci import open_artifact
+    from cachebake.install import extract
+    from cachebake.install.fsops import DIR_FLAGS, in_memory
+
+    work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
+    try:
+        art = installkit.pack(realistic_cache.build().parent, work / "artifact")
+        blob = layer_blob(art)
+        bake = open_artifact(art).select()
+        limits = extract.LayerLimits.from_manifest(bake.manifest, bake.layer_size, (str(work),))
+        n = iter(range(10**6))
+
+        def fresh() -> Path:
+            d = work / f"x{next(n)}"
+            d.mkdir()
+            return d
+
+        def extraction(count):
+            def run():
+                fd = os.open(fresh(), DIR_FLAGS)
+                try:
+                    with open(blob, "rb") as f:
+                        extract.extract_layer(f, limits, fd, lanes=count)
+                finally:
+                    os.close(fd)
+            return run
+
+        methods = [("zstd -d | tar -x", lambda: subprocess.run(f"zstd -d -c {blob} | tar -x -C {fresh()}",
+                                                               shell=True, check=True))]
+        methods += [(f"extract_layer(lanes={k})", extraction(k)) for k in range(4)]
+        spent: dict[str, list[float]] = {name: [] for name, _ in methods}
+        rng = random.Random(0)
+        for _ in range(repeat):
+            for name, fn in rng.sample(methods, len(methods)):
+                for d in work.glob("x*"):
+                    shutil.rmtree(d)
+                os.sync()
+                t = time.perf_counter()
+                fn()
+                spent[name].append(time.perf_counter() - t)
+        fd = os.open(work, DIR_FLAGS)
+        kind = "tmpfs/ramfs" if in_memory(fd) else "not in memory"
+        os.close(fd)
+        return "\n".join(f"{workdir} ({kind}): {k}: median {statistics.median(v) * 1000:.0f} ms, "
                          f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f} (n={len(v)})"
                          for k, v in spent.items())
     finally:
@@ -207,10 +267,12 @@ def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
                  "--fingerprint", str(fp)], check=True, stdout=subprocess.DEVNULL,
                 env=installkit.env_with())),
         ]
-        # Interleaved rounds: this VM's disk speed drifts, and every method should see the drift.
+        # Interleaved rounds in a shuffled (seeded) order: this VM's disk and CPU speed drift,
+        # every method should see the drift, and none should always follow the same neighbour.
         times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in methods}
+        rng = random.Random(0)
         for _ in range(repeat):
-            for name, fn in methods:
+            for name, fn in rng.sample(methods, len(methods)):
                 settle()
                 times[name].append(timed(fn))
         rows = list(times.items())
@@ -226,13 +288,16 @@ def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
             "",
             f"## {fs} ({work.parent})",
             "",
-            f"| method (n={repeat}) | median s | min s | max s | CPU s, median | CPU s, min |",
-            "| --- | --- | --- | --- | --- | --- |",
+            f"| method (n={repeat}) | median s | min s | max s | CPU s, median | CPU s, min "
+            "| / pipeline, same round (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
+        pipeline = [w for w, _ in rows[0][1]]
         for name, ts in rows:
             wall, cpu = [w for w, _ in ts], [c for _, c in ts]
+            paired = statistics.median(w / p for w, p in zip(wall, pipeline))
             lines.append(f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {max(wall):.3f} "
-                         f"| {statistics.median(cpu):.3f} | {min(cpu):.3f} |")
+                         f"| {statistics.median(cpu):.3f} | {min(cpu):.3f} | {paired:.2f}x |")
         return lines
     finally:
         shutil.rmtree(work, ignore_errors=True)

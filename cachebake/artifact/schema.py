@@ -135,12 +135,13 @@ def _no_constant(document: str):
 
 def parse_json(data: bytes | str, document: str) -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InvalidDocument(document, "", f"is not UTF-8 ({e.reason} at byte {e.start})") from None
-    _check_nesting(data, document)
+    _check_nesting(raw, document)
     try:
         return json.loads(data, object_pairs_hook=_no_duplicates(document),
                           parse_constant=_no_constant(document))
@@ -152,24 +153,42 @@ def parse_json(data: bytes | str, document: str) -> Any:
         raise InvalidDocument(document, "", f"is not valid JSON ({str(e).splitlines()[0]})") from None
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+# On the UTF-8 bytes: the four brackets are ASCII, which UTF-8 never uses inside a multi-byte
+# character, and bytes.translate deletes everything else in one C pass.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_INNERMOST = re.compile(rb"[\[{][\]}]")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
-def _check_nesting(text: str, document: str) -> None:
+def _check_nesting(raw: bytes, document: str) -> None:
     """Refuse nesting past MAX_NESTING before json.loads sees it (strings skipped)."""
-    if text.count("[") + text.count("{") <= MAX_NESTING:
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
         return  # cannot be deeper than its number of openers
     # Brackets inside strings count too at first: an over-estimate, exact enough for every
     # document cachebake writes; strings are stripped only when it is over the limit.
-    if _depth(_NOT_BRACKET.sub("", text)) <= MAX_NESTING:
+    brackets = raw.translate(None, _NOT_BRACKETS)
+    if _shallow(brackets) or _depth(brackets) <= MAX_NESTING:
         return
-    if _depth(_NOT_BRACKET.sub("", _STRING.sub("", text))) > MAX_NESTING:
+    if _depth(_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)) > MAX_NESTING:
         raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels")
 
 
-def _depth(brackets: str) -> int:
+def _shallow(brackets: bytes) -> bool:
+    """True if removing innermost pairs MAX_NESTING times leaves nothing: the document is no
+    deeper than that.  A few regex passes where ``_depth`` walks every bracket in Python
+    (install.json's inventory has thousands); False only means "ask ``_depth``"."""
+    for _ in range(MAX_NESTING):
+        if not brackets:
+            return True
+        shorter = _INNERMOST.sub(b"", brackets)
+        if len(shorter) == len(brackets):
+            return False  # unbalanced: let _depth say
+        brackets = shorter
+    return not brackets
+
+
+def _depth(brackets: bytes) -> int:
     return max(itertools.accumulate(_STEP[c] for c in brackets), default=0)
 
 

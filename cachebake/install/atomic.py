@@ -48,6 +48,7 @@ import re
 import secrets
 import signal
 import stat
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,10 +73,15 @@ _checkpoints = 0
 _KILL_AT = int(os.environ.get("CACHEBAKE_TEST_KILL_AT") or 0)  # read once: called per entry
 
 
+_checkpoints_lock = threading.Lock()  # the staging lanes pass checkpoints too
+
+
 def checkpoint(_what: str = "") -> None:
     global _checkpoints
-    _checkpoints += 1
-    if _KILL_AT == _checkpoints:
+    with _checkpoints_lock:
+        _checkpoints += 1
+        n = _checkpoints
+    if _KILL_AT == n:
         sig = getattr(signal, "SIG" + os.environ.get("CACHEBAKE_TEST_SIGNAL", "KILL"))
         os.kill(os.getpid(), sig)
 
@@ -95,6 +101,9 @@ class InstallDir:
         self.root_fd: int | None = None
         self.state_fd: int | None = None
         self._created: list[Path] = []  # DIR (and parents) this install made, outermost last
+        # the roles a version's marker lists: a version never changes once renamed into
+        # versions/ (its name is unique), so what this process wrote or read stays true
+        self._roles_by_version: dict[str, list[str]] = {}
         self._created_state = False
         self._links_made: list[str] = []
         self.pending_version: str | None = None  # the version commit() is switching to
@@ -264,6 +273,7 @@ class InstallDir:
                 marker = schema.parse_json(schema.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
                                            MARKER)
                 check_marker(marker)
+                self._roles_by_version[version] = [r for r in marker["roles"] if r in ROLE_ENV]
             except BadInput:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable marker is damage to repair
@@ -454,6 +464,7 @@ class InstallDir:
         os.fsync(self.state_fd)
         checkpoint("switched")
         self._links_made.clear()  # they are backed now
+        self._roles_by_version[version] = [r for r in roles if r in ROLE_ENV]
         return version
 
     def switched(self) -> bool:
@@ -502,6 +513,8 @@ class InstallDir:
     def _roles_of(self, version: str | None) -> list[str]:
         if version is None:
             return []
+        if version in self._roles_by_version:
+            return self._roles_by_version[version]
         fd = self._sub("versions")
         try:
             vfd = self._open_dir(fd, version, self.state / "versions" / version) if fd is not None else None

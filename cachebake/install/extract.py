@@ -39,7 +39,7 @@ from cachebake.artifact.manifest import BakeManifest
 from cachebake.errors import CorruptArtifact, InvalidDocument, UnsafeArtifact
 from cachebake.install import refusals
 from cachebake.install.inflate import Inflater
-from cachebake.install.staging import StagingThread
+from cachebake.install.staging import Staging
 from cachebake.install.tarstream import ChunkReader, Header, members
 
 # Real caches compress to 2.6-12% of raw, AOT specializations of a few kernels to ~1% with
@@ -109,24 +109,35 @@ class LayerStats:
     inventory: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
 
+_IMPLIED, _DIR, _FILE = 0, 1, 2  # what EntryChecker knows a name to be
+
+
 class EntryChecker:
-    """The per-entry checks and running totals against the manifest's declared numbers."""
+    """The per-entry checks and running totals against the manifest's declared numbers.
+
+    Runs once per entry on the extractor's thread, which is what bounds an install on tmpfs
+    (bench/install.md): one dict says what each name is, and ASCII names, all the packer
+    writes for Triton and vLLM caches, skip the Unicode work."""
 
     def __init__(self, limits: LayerLimits):
         self.limits = limits
         self.stats = LayerStats()
-        self.names: set[str] = set()  # explicit entries
-        self.files: set[str] = set()
-        self.dirs: set[str] = set()  # explicit and implied directories
+        self.kinds: dict[str, int] = {}  # every name seen: _IMPLIED / _DIR (explicit) / _FILE
         self.folded: dict[str, str] = {}
         self.role_entries = dict.fromkeys(limits.roles, 0)
 
     def check(self, h: Header) -> int:
         """Refuse ``h`` or return the mode to write it with; updates the totals."""
         name = h.name
-        if not name or "\x00" in name or not _CONTROL.isdisjoint(name):
-            raise refusals.BadNameError(name, "is empty or holds control characters")
-        if name.startswith("/"):
+        if name.isascii():  # isprintable() is exactly "no control character" for ASCII
+            if not name or not name.isprintable():
+                raise refusals.BadNameError(name, "is empty or holds control characters")
+            size = len(name)
+        else:
+            if "\x00" in name or not _CONTROL.isdisjoint(name):
+                raise refusals.BadNameError(name, "is empty or holds control characters")
+            size = len(name.encode("utf-8"))
+        if name[0] == "/":
             raise refusals.AbsolutePathError(name)
         parts = name.split("/")
         if ".." in parts:
@@ -135,34 +146,36 @@ class EntryChecker:
             raise refusals.BadNameError(name)
         if len(parts) > MAX_DEPTH:
             raise refusals.TooDeepError(name, f"nests {len(parts)} levels deep, over {MAX_DEPTH}")
-        encoded = name.encode("utf-8")
-        if len(encoded) > self.limits.path_budget:
+        if size > self.limits.path_budget:
             raise refusals.PathTooLongError(name[:80] + "...", f"makes an installed path over PATH_MAX "
                                             f"({PATH_MAX} bytes)")
-        if len(encoded) > NAME_MAX and any(len(p.encode("utf-8")) > NAME_MAX for p in parts):
+        if size > NAME_MAX and any(len(p.encode("utf-8")) > NAME_MAX for p in parts):
             raise refusals.NameTooLongError(name[:80] + "...", f"has a path component over NAME_MAX "
                                             f"({NAME_MAX} bytes)")
-        if h.mode & 0o7000:
-            raise refusals.SpecialModeError(name, f"has setuid/setgid/sticky bits (mode {h.mode:o})")
-        if h.mode & ~0o7777:
-            raise refusals.EntryTypeError(name, f"has mode bits {h.mode:o} beyond the permissions")
+        mode = h.mode
+        if mode & 0o7000:
+            raise refusals.SpecialModeError(name, f"has setuid/setgid/sticky bits (mode {mode:o})")
+        if mode & ~0o7777:
+            raise refusals.EntryTypeError(name, f"has mode bits {mode:o} beyond the permissions")
         role = parts[0]
         if role not in self.limits.roles:
             raise refusals.OutsideRolesError(name, f"is outside the roles the manifest declares "
                                                    f"({', '.join(sorted(self.limits.roles))})")
-        if len(parts) == 1 and not h.isdir:
+        isdir = h.isdir
+        if len(parts) == 1 and not isdir:
             raise refusals.RoleNotDirectoryError(name, "is a cache role but a regular file, not a directory")
-        if name in self.names:
+        kinds = self.kinds
+        known = kinds.get(name)
+        if known is not None and known != _IMPLIED:
             raise refusals.DuplicateError(name)
-        parent = name.rpartition("/")[0]
-        if parent and parent not in self.dirs:
-            self._imply_dirs(name, parts)
-        if h.isdir:
-            if name in self.files:
-                raise refusals.DuplicateError(name)
-        elif name in self.dirs:
+        if len(parts) > 1:
+            parent = kinds.get(name.rpartition("/")[0])
+            if parent is None or parent == _FILE:
+                self._imply_dirs(name, parts)
+        if known is None:
+            self._fold(name)
+        elif not isdir:
             raise refusals.FileOverDirectoryError(name)
-        self._fold(name)
         st = self.stats
         st.entries += 1
         if st.entries > self.limits.entries:
@@ -170,9 +183,8 @@ class EntryChecker:
                                                    f"{self.limits.entries} the manifest declares")
         if len(parts) > 1:
             self.role_entries[role] += 1
-        self.names.add(name)
-        if h.isdir:
-            self.dirs.add(name)
+        if isdir:
+            kinds[name] = _DIR
             return 0o755
         st.files += 1
         st.file_bytes += h.size
@@ -180,20 +192,22 @@ class EntryChecker:
             raise refusals.OverDeclaredError(name, f"gives the layer more files or more file data than the "
                                                    f"{self.limits.files} files / {self.limits.file_bytes} "
                                                    "bytes the manifest declares")
-        self.files.add(name)
-        return 0o755 if h.mode & 0o111 else 0o644
+        kinds[name] = _FILE
+        return 0o755 if mode & 0o111 else 0o644
 
     def _imply_dirs(self, name: str, parts: list[str]) -> None:
+        kinds = self.kinds
         for i in range(1, len(parts)):
             d = "/".join(parts[:i])
-            if d in self.files:
+            kind = kinds.get(d)
+            if kind == _FILE:
                 raise refusals.BelowFileError(name)
-            if d not in self.dirs:
-                self.dirs.add(d)
+            if kind is None:
+                kinds[d] = _IMPLIED
                 self._fold(d)
 
     def _fold(self, name: str) -> None:
-        key = unicodedata.normalize("NFC", name).casefold() if not name.isascii() else name.lower()
+        key = name.lower() if name.isascii() else unicodedata.normalize("NFC", name).casefold()
         other = self.folded.setdefault(key, name)
         if other != name:
             raise refusals.NameCollisionError(name, f"collides with {other!r} under case folding or "
@@ -211,29 +225,31 @@ class EntryChecker:
             raise CorruptArtifact(f"layer stream is damaged or truncated: it decompresses to {tar_bytes} "
                                   f"of the {lim.tar_size} bytes the manifest declares")
         for role, n in sorted(self.role_entries.items()):
-            if role not in self.names or not n:
+            if self.kinds.get(role) != _DIR or not n:
                 raise CorruptArtifact(f"the manifest declares role {role!r} but the layer holds "
-                                      f"{'nothing' if role not in self.dirs else 'an empty directory'} for it")
+                                      f"{'nothing' if role not in self.kinds else 'an empty directory'} for it")
 
 
 def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | None,
                   transform: Transform | None = None,
-                  checkpoint: Callable[[str], None] = lambda _: None) -> LayerStats:
+                  checkpoint: Callable[[str], None] = lambda _: None, lanes: int | None = None) -> LayerStats:
     """Read, check and (``staging_fd`` given) write the whole layer in one pass.
 
     ``compressed``: the layer blob as a stream (install/source.py's ``open_layer``): read once,
     front to back; it must raise CorruptArtifact at its end if the bytes were not the declared
     blob.  ``staging_fd``: an empty directory we own; None checks the layer without writing
     (``install --check-only``).  On any refusal the caller removes the staging directory.
+    ``lanes``: file-writer threads, None to let the filesystem decide (install/staging.py).
 
-    Three threads: the helper decompresses, this one parses and checks, the writer
-    (install/staging.py) creates what was checked, in order; zstd and the system calls
-    release the GIL, so the three overlap much as `zstd -d | tar -x` does.
+    A helper thread decompresses while this one parses, checks and makes directories;
+    files are written by this thread too on tmpfs, by writer threads on a disk
+    (install/staging.py); zstd and the system calls release the GIL, so these overlap much as
+    `zstd -d | tar -x`'s two processes do.
     """
     checker = EntryChecker(limits)
     stats = checker.stats
     inflater = Inflater(compressed, limits.tar_size)
-    writer = StagingThread(staging_fd, stats, checkpoint) if staging_fd is not None else None
+    writer = Staging(staging_fd, stats, checkpoint, lanes) if staging_fd is not None else None
     try:
         reader = ChunkReader(inflater.next_chunk)
         for h in members(reader):

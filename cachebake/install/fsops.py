@@ -1,5 +1,6 @@
 """System calls install needs beyond ``os``, all relative to directory fds, never following
-a link: renameat2(RENAME_NOREPLACE), syncfs, and a link-safe recursive remove."""
+a link: renameat2(RENAME_NOREPLACE), syncfs, fstatfs's filesystem type, and a link-safe
+recursive remove."""
 
 from __future__ import annotations
 
@@ -61,6 +62,22 @@ def sync_tree(fd: int) -> None:
         finally:
             os.close(sub)
     os.fsync(fd)
+
+
+# statfs(2) f_type of the filesystems that keep files in memory only (linux/magic.h)
+MEMORY_FS_TYPES = frozenset({0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
+
+
+def in_memory(fd: int) -> bool:
+    """Whether ``fd``'s filesystem is tmpfs or ramfs (False when that cannot be told).
+
+    ``os.statvfs`` does not return the type; fstatfs(2) does, in ``f_type``, the first word of
+    struct statfs on every Linux ABI (a long; 256 bytes cover the struct everywhere)."""
+    buf = ctypes.create_string_buffer(256)
+    fn = getattr(_c(), "fstatfs", None)
+    if fn is None or fn(fd, buf) != 0:
+        return False
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF in MEMORY_FS_TYPES
 
 
 def lexists(name: str, dir_fd: int) -> bool:

@@ -86,6 +86,8 @@ class RoleRelocation:
 
 def combine(*transforms: Callable[[str], Callable[[bytes], bytes] | None]):
     """One ``extract.Transform`` from several: the first that claims a member rewrites it."""
+    if len(transforms) == 1:
+        return transforms[0]  # called once per file: no wrapper when there is nothing to pick
 
     def for_member(member_name: str):
         for t in transforms:

@@ -1,13 +1,25 @@
-"""Writing a checked layer into its private staging directory, on a thread of its own.
+"""Writing a checked layer into its private staging directory.
 
-The extractor's main thread parses and checks each entry (extract.py) and hands what passed
-to ``StagingThread``, which creates it, in order: directories with mkdir, files with
-O_CREAT|O_EXCL|O_NOFOLLOW, always relative to directory fds it opened itself below the
-staging directory, so no path is resolved twice and nothing outside it can be reached.
-open/write/close release the GIL, so file creation overlaps with the parsing of the next
-headers (on a disk, creating files is most of `tar -x`'s time too).  A file's data arrives as
-views into the decompressed chunks (no copy); entries go over in batches (one lock round trip
-per batch), and the queue bounds how many batches, so how many chunks, are in flight.
+The extractor's thread parses and checks each entry (extract.py) and hands what passed to
+``Staging``, which creates it: directories with mkdir, files with O_CREAT|O_EXCL|O_NOFOLLOW,
+always relative to directory fds opened below the staging directory, so no path is resolved
+twice and nothing outside it can be reached.
+
+Where the files are written is a measured choice (bench/install.md, ``--lanes``):
+
+* directories are always made on the extractor's thread, before any file in them is handed
+  on, so a file's directory exists whoever writes the file;
+* on a journaling disk, creating a file is most of the cost (ext4 here: ~150 us of kernel time
+  a file, where tmpfs takes ~15 us), and two threads creating files in different directories
+  overlap in the kernel (open/write/close release the GIL): ``lanes`` writer threads, each
+  file going to the lane of its directory (lanes assigned round-robin as directories first
+  appear), so a directory's files keep their order;
+* on tmpfs the copy into memory is the cost and does not overlap: more threads only add
+  hand-overs, so ``lanes=0`` writes on the extractor's thread itself.
+
+A file's data arrives as views into the decompressed chunks (no copy); entries go to a lane in
+batches (one lock round trip per batch), and each lane's queue bounds how many batches, so how
+many chunks, are in flight.
 """
 
 from __future__ import annotations
@@ -17,8 +29,11 @@ import queue
 import threading
 from typing import Callable
 
-MAX_OPEN_DIRS = 64
-QUEUE_DEPTH = 8  # batches in flight
+from cachebake.install.fsops import in_memory
+
+DISK_LANES = 2  # bench/install.md: 2 beat 1 and 3 on ext4 (2 CPUs); 0 was best on tmpfs
+MAX_OPEN_DIRS = 64  # per writer
+QUEUE_DEPTH = 8  # batches in flight per lane
 BATCH_ENTRIES = 64  # entries per hand-over: one lock round trip per batch, not per entry
 BATCH_BYTES = 1 << 20
 _STOP = None
@@ -26,7 +41,7 @@ _STOP = None
 
 class StagingWriter:
     """Creates entries below ``root_fd`` (a fresh directory only we write to) through
-    directory fds: O_NOFOLLOW and O_EXCL everywhere."""
+    directory fds: O_NOFOLLOW and O_EXCL everywhere.  One per thread (its fd cache is its own)."""
 
     def __init__(self, root_fd: int):
         self.root_fd = root_fd
@@ -74,7 +89,9 @@ class StagingWriter:
         for d in reversed(missing):
             self.mkdir(d, made)
 
-    def write_file(self, path: str, mode: int, data: list[memoryview]) -> os.stat_result:
+    def write_file(self, path: str, mode: int, data: list[memoryview]) -> list[int]:
+        """Create ``path`` with ``data``; returns its inventory record [size, mtime_ns,
+        ctime_ns, inode] (what install.json keeps to re-check the tree)."""
         parent, _, leaf = path.rpartition("/")
         fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=self._dir_fd(parent))
@@ -84,7 +101,8 @@ class StagingWriter:
             for view in data:
                 while view:
                     view = view[os.write(fd, view):]
-            return os.fstat(fd)
+            st = os.fstat(fd)
+            return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         finally:
             os.close(fd)
 
@@ -94,70 +112,56 @@ class StagingWriter:
         self._fds.clear()
 
 
-class StagingThread:
-    """``mkdir``/``write`` queue work for the writer thread; ``finish`` waits for it and raises
-    its error (disk full, EIO); ``cancel`` stops it after the current entry."""
+class _Lane:
+    """One writer thread: writes the files handed to it, in order, into its own inventory."""
 
-    def __init__(self, root_fd: int, stats, checkpoint: Callable[[str], None]):
-        self.stats = stats
+    def __init__(self, root_fd: int, checkpoint: Callable[[str], None], index: int):
         self.checkpoint = checkpoint
+        self.inventory: dict[str, list[int]] = {}
         self.error: BaseException | None = None
         self._out = StagingWriter(root_fd)
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_DEPTH)
         self._cancelled = False
         self._batch: list = []
         self._batch_bytes = 0
-        self._thread = threading.Thread(target=self._run, name="cachebake-staging", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"cachebake-staging-{index}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        stats, out = self.stats, self._out
-        while True:
-            batch = self._queue.get()
-            if batch is _STOP or self._cancelled:
-                break
-            if self.error is not None:
-                continue
-            try:
-                for name, mode, data in batch:
-                    if self._cancelled:
-                        break
-                    if data is None:
-                        out.mkdir(name, stats.dirs)
-                    else:
-                        out.ensure_parents(name, stats.dirs)
-                        st = out.write_file(name, mode, data)
-                        stats.inventory[name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-                    self.checkpoint("entry")
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                self.error = e
-        out.close()
+        out, inventory = self._out, self.inventory
+        try:
+            while True:
+                batch = self._queue.get()
+                if batch is _STOP or self._cancelled:
+                    break
+                if self.error is not None:
+                    continue  # keep draining so the extractor never blocks on a full queue
+                try:
+                    for name, mode, data in batch:
+                        if self._cancelled:
+                            break
+                        inventory[name] = out.write_file(name, mode, data)
+                        self.checkpoint("entry")
+                except BaseException as e:  # noqa: BLE001 - handed to the extractor's thread
+                    self.error = e
+        finally:
+            out.close()
 
-    def _add(self, item, nbytes: int) -> None:
-        self._batch.append(item)
-        self._batch_bytes += nbytes
-        if len(self._batch) >= BATCH_ENTRIES or self._batch_bytes >= BATCH_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
+    def add(self, name: str, mode: int, data: list[memoryview]) -> None:
         if self.error is not None:
             raise self.error
-        if self._batch:
+        self._batch.append((name, mode, data))
+        self._batch_bytes += sum(v.nbytes for v in data)
+        if len(self._batch) >= BATCH_ENTRIES or self._batch_bytes >= BATCH_BYTES:
             self._queue.put(self._batch)
             self._batch, self._batch_bytes = [], 0
 
-    def mkdir(self, name: str) -> None:
-        self._add((name, 0o755, None), 0)
-
-    def write(self, name: str, mode: int, data: list[memoryview]) -> None:
-        self._add((name, mode, data), sum(v.nbytes for v in data))
-
     def finish(self) -> None:
-        self._flush()
+        if self._batch and self.error is None:
+            self._queue.put(self._batch)
+        self._batch = []
         self._queue.put(_STOP)
         self._thread.join()
-        if self.error is not None:
-            raise self.error
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -171,3 +175,60 @@ class StagingThread:
                 except queue.Empty:
                     pass
         self._thread.join()
+
+
+class Staging:
+    """``mkdir``/``write`` create a checked entry (see the module doc for which thread writes);
+    ``finish`` waits for the lanes, raises their first error (disk full, EIO) and fills
+    ``stats.inventory`` in layer order; ``cancel`` stops them after their current entry."""
+
+    def __init__(self, root_fd: int, stats, checkpoint: Callable[[str], None], lanes: int | None = None):
+        """``lanes``: writer threads; None picks by ``root_fd``'s filesystem (module doc)."""
+        if lanes is None:
+            lanes = 0 if in_memory(root_fd) else DISK_LANES
+        self.lanes = lanes
+        self.stats = stats
+        self.checkpoint = checkpoint
+        self._out = StagingWriter(root_fd)  # directories, and files when lanes == 0
+        self._lanes = [_Lane(root_fd, checkpoint, i) for i in range(lanes)]
+        self._lane_of: dict[str, _Lane] = {}  # directory -> the lane writing its files
+        self._order: list[str] = []  # files handed to lanes, in layer order
+
+    def mkdir(self, name: str) -> None:
+        self._out.mkdir(name, self.stats.dirs)
+        self.checkpoint("entry")
+
+    def write(self, name: str, mode: int, data: list[memoryview]) -> None:
+        self._out.ensure_parents(name, self.stats.dirs)
+        if not self._lanes:
+            self.stats.inventory[name] = self._out.write_file(name, mode, data)
+            self.checkpoint("entry")
+            return
+        parent = name.rpartition("/")[0]
+        lane = self._lane_of.get(parent)
+        if lane is None:
+            lane = self._lane_of[parent] = self._lanes[len(self._lane_of) % len(self._lanes)]
+        lane.add(name, mode, data)
+        self._order.append(name)
+
+    def finish(self) -> None:
+        try:
+            for lane in self._lanes:
+                lane.finish()
+        finally:
+            self._out.close()
+        for lane in self._lanes:
+            if lane.error is not None:
+                raise lane.error
+        if self._lanes:
+            written = {}
+            for lane in self._lanes:
+                written.update(lane.inventory)
+            self.stats.inventory.update((name, written[name]) for name in self._order)
+
+    def cancel(self) -> None:
+        try:
+            for lane in self._lanes:
+                lane.cancel()
+        finally:
+            self._out.close()

@@ -48,7 +48,7 @@ class Truncated(CorruptArtifact):
     """The tar stream ended inside an entry or before its end-of-archive marker."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Header:
     name: str  # as written, minus a directory's trailing "/"
     isdir: bool
@@ -107,6 +107,11 @@ class ChunkReader:
         return views
 
     def skip(self, n: int) -> None:
+        pos = self._pos
+        if pos + n <= len(self._buf):  # the common case: a block's padding, in this chunk
+            self._pos = pos + n
+            self.offset += n
+            return
         while n:
             if self._pos == len(self._buf) and not self._fill():
                 raise Truncated(f"layer stream is damaged or truncated: it ends inside an entry "
