@@ -25,15 +25,19 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 NOTES = """Reading it: install reads the layer once (cachebake/install/extract.py): a helper thread
-decompresses, the main thread parses and checks each tar header, a third thread creates what
-passed in a private staging directory, and the blob's digest is checked at the end before the
-switch; zstd and the system calls release the GIL, so the three overlap as `zstd -d | tar -x`'s
-two processes do.  Install also verifies every document, records the inventory (install.json),
-relocates the group files, syncs the filesystem once (syncfs) and switches one symlink; the
-pipeline does none of that.  A repeat install re-checks the installed tree against install.json
-(one stat per entry) and otherwise costs Python's start.  This VM has 2 cores shared with other
-work and its disk speed drifts a lot between runs, so read the columns against each other within
-one table: rounds are interleaved, and the load average at the start and end is printed."""
+decompresses, the main thread parses and checks each tar header and makes the directories, and
+each file is written right after its header passed: by two writer threads on a disk (file
+creation is kernel work that overlaps across threads there), by the main thread itself on
+tmpfs (where the copy into memory is the work and more threads only add hand-overs;
+`--lanes` measures 0-3 writer threads).  The blob's digest is checked at the end, before the
+switch.  Install also verifies every document, relocates Triton's group files for DIR, records
+the inventory (install.json, one fstat per file), syncs the filesystem once (syncfs) and
+switches one symlink; the pipeline does none of that.  A repeat install re-checks the installed
+tree against install.json (one stat per entry) and otherwise costs Python's start.  This VM has
+2 vCPUs shared with other work and its disk speed drifts a lot between runs: rounds are
+interleaved in a shuffled order, the last column is the median over rounds of each method's
+time divided by the pipeline's in the same round, and the load average at the start and end
+is printed."""
 
 
 def cache_stats(triton_dir: Path) -> tuple[int, int, int]:

@@ -133,6 +133,22 @@ def _no_constant(document: str):
     return hook
 
 
+_DECODERS: dict[str, json.JSONDecoder] = {}
+
+
+def _decoder(document: str) -> json.JSONDecoder:
+    """The strict decoder for ``document`` (its name is in the hooks' messages), made once:
+    json.loads with hooks builds a new decoder on every call, and install parses one group
+    file per kernel."""
+    decoder = _DECODERS.get(document)
+    if decoder is None:
+        if len(_DECODERS) >= 256:  # names with digests in them: keep the cache bounded
+            _DECODERS.clear()
+        decoder = _DECODERS[document] = json.JSONDecoder(object_pairs_hook=_no_duplicates(document),
+                                                         parse_constant=_no_constant(document))
+    return decoder
+
+
 def parse_json(data: bytes | str, document: str) -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING."""
     raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
@@ -143,8 +159,7 @@ def parse_json(data: bytes | str, document: str) -> Any:
             raise InvalidDocument(document, "", f"is not UTF-8 ({e.reason} at byte {e.start})") from None
     _check_nesting(raw, document)
     try:
-        return json.loads(data, object_pairs_hook=_no_duplicates(document),
-                          parse_constant=_no_constant(document))
+        return _decoder(document).decode(data)
     except RecursionError:  # unreachable after _check_nesting; kept so no traceback escapes
         raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels") from None
     except ValueError as e:  # JSONDecodeError, and int() over Python's digit limit
@@ -462,7 +477,10 @@ def check_group(doc, document: str) -> dict[str, str]:
     if len(children) > 4096:
         c.fail("child_paths", f"names {len(children)} children, over 4096")
     for name, path in children.items():
-        c.string(path, f"child_paths.{name}")
+        # the common case tested inline: the field name is built only for a message (install
+        # checks one group file per kernel)
+        if not (isinstance(path, str) and len(path) <= 4096 and "\x00" not in path):
+            c.string(path, f"child_paths.{name}")
     extra = set(doc) - {"child_paths"}
     if extra:
         c.fail(sorted(extra)[0], "is not a key Triton writes in a group file")
