@@ -68,13 +68,17 @@ def main() -> None:
                          "(default: the temp dir's disk, and /dev/shm as a CPU-bound reference)")
     ap.add_argument("--phases", action="store_true",
                     help="instead: time install's phases (extraction, syncfs, commit) beside the pipeline")
+    ap.add_argument("--keep-trees", action="store_true",
+                    help="on a disk, keep every run's tree until the end instead of deleting the last "
+                         "one before the next run: on a filesystem mounted with discard, those deletes "
+                         "make the next run's file creation several times slower")
     ap.add_argument("--lanes", action="store_true",
                     help="instead: time the extraction alone with 0-3 file-writer threads beside the "
                          "pipeline (what install/staging.py's choice rests on)")
     args = ap.parse_args()
     if args.phases or args.lanes:
         for workdir in args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else []):
-            print((lanes if args.lanes else phases)(workdir, args.repeat))
+            print(lanes(workdir, args.repeat, args.keep_trees) if args.lanes else phases(workdir, args.repeat))
         return
     workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
@@ -84,11 +88,13 @@ def main() -> None:
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
         f"Python {platform.python_version()}",
-        f"- command: `python3 bench/bench_install.py --repeat {args.repeat}`",
+        f"- command: `python3 bench/bench_install.py --repeat {args.repeat}"
+        f"{' --keep-trees' if args.keep_trees else ''}`",
         f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
     for workdir in workdirs:
-        lines += measure(workdir, args.repeat, with_cache_line=workdir == workdirs[0])
+        lines += measure(workdir, args.repeat, with_cache_line=workdir == workdirs[0],
+                         keep_trees=args.keep_trees)
     lines += ["", f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", "", NOTES]
     text = "\n".join(lines) + "\n"
     print(text)
@@ -143,7 +149,7 @@ def phases(workdir: str, repeat: int) -> str:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def lanes(workdir: str, repeat: int) -> str:
+def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
     """extract_layer() into a fresh directory with 0 (the extracting thread writes), 1, 2 and 3
     writer threads, and the pipeline, in shuffled rounds on one disk."""
     import installkit
@@ -181,17 +187,19 @@ def lanes(workdir: str, repeat: int) -> str:
         methods += [(f"extract_layer(lanes={k})", extraction(k)) for k in range(4)]
         spent: dict[str, list[float]] = {name: [] for name, _ in methods}
         rng = random.Random(0)
+        fd = os.open(work, DIR_FLAGS)
+        memory = in_memory(fd)
+        os.close(fd)
         for _ in range(repeat):
             for name, fn in rng.sample(methods, len(methods)):
-                for d in work.glob("x*"):
-                    shutil.rmtree(d)
+                if memory or not keep_trees:
+                    for d in work.glob("x*"):
+                        shutil.rmtree(d)
                 os.sync()
                 t = time.perf_counter()
                 fn()
                 spent[name].append(time.perf_counter() - t)
-        fd = os.open(work, DIR_FLAGS)
-        kind = "tmpfs/ramfs" if in_memory(fd) else "not in memory"
-        os.close(fd)
+        kind = "tmpfs/ramfs" if memory else "not in memory" + (", trees kept" if keep_trees else "")
         return "\n".join(f"{workdir} ({kind}): {k}: median {statistics.median(v) * 1000:.0f} ms, "
                          f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f} (n={len(v)})"
                          for k, v in spent.items())
@@ -199,11 +207,15 @@ def lanes(workdir: str, repeat: int) -> str:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
+def measure(workdir: str, repeat: int, with_cache_line: bool, keep_trees: bool = False) -> list[str]:
     import installkit
     from cachebake.install import atomic, install_artifact
+    from cachebake.install.fsops import DIR_FLAGS, in_memory
 
     work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
+    fd = os.open(work, DIR_FLAGS)
+    memory = in_memory(fd)
+    os.close(fd)
     try:
         import realistic_cache
 
@@ -225,10 +237,10 @@ def measure(workdir: str, repeat: int, with_cache_line: bool) -> list[str]:
             return made[-1]
 
         def settle() -> None:
-            """Untimed, between runs: drop what the run wrote and flush it, so every run starts
-            from the same clean disk (otherwise writeback of earlier runs slows later ones)."""
+            """Untimed, between runs: flush what the run wrote (otherwise writeback of earlier
+            runs slows later ones) and, unless --keep-trees on a disk, delete it first."""
             for d in made:
-                if d.name != "to0":
+                if d.name != "to0" and not (keep_trees and not memory):
                     shutil.rmtree(d, ignore_errors=True)
             made.clear()
             os.sync()
