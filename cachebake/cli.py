@@ -18,7 +18,7 @@ import sys
 import click
 
 from cachebake.errors import (CachebakeError, ExitCode, Interrupted, UsageError, from_os_error,
-                              write_crash_log)
+                              missing_dependency, write_crash_log)
 from cachebake.output import Output, envelope
 from cachebake.params import (ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS, POSITIVE_INT,
                               ROLE_DIR, SERVE_ARGS)
@@ -66,10 +66,13 @@ class CachebakeGroup(click.Group):
             out.error(from_os_error(e, what="", error_class=CachebakeError))
             code = int(ExitCode.FAILURE)
         except Exception as e:  # noqa: BLE001 - the boundary: a bug, reported in one line
-            log = write_crash_log(e)
-            out.error(CachebakeError(f"internal error: {type(e).__name__}: {e}"
-                                     + (f" (traceback in {log})" if log else "")))
-            code = int(ExitCode.FAILURE)
+            error = missing_dependency(e) if isinstance(e, ModuleNotFoundError) else None
+            if error is None:
+                log = write_crash_log(e)
+                error = CachebakeError(f"internal error: {type(e).__name__}: {e}"
+                                       + (f" (traceback in {log})" if log else ""))
+            out.error(error)
+            code = int(error.code)
         code = code if isinstance(code, int) else 0
         if not standalone_mode:
             return code

@@ -42,6 +42,12 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, as shells report it
 
 
+# The import names of what pyproject.toml's `dependencies` list, beyond click (without which no
+# command starts), -> the distribution to install.  Optional ones are refused where they are
+# imported, naming their extra.
+REQUIRED_MODULES = {"zstandard": "zstandard", "rich": "rich"}
+
+
 class CachebakeError(Exception):
     """A refusal with a clear one-line message and a distinct exit code.
 
@@ -182,3 +188,15 @@ def write_crash_log(exc: BaseException, command: str | None = None) -> str | Non
         return path
     except OSError:
         return None
+
+
+def missing_dependency(e: ModuleNotFoundError) -> "Unsupported | None":
+    """A required package missing from this interpreter (a broken install, an init image built
+    without it) is the user's to fix, not a bug: UNSUPPORTED, naming the package and the
+    interpreter; any other missing module (a typo in our imports) stays a bug."""
+    top = (e.name or "").partition(".")[0]
+    dist = REQUIRED_MODULES.get(top)
+    if dist is None:
+        return None
+    return Unsupported(f"the Python package {dist!r} is missing from {sys.executable}",
+                       hint=f"install cachebake with its dependencies there (pip install {dist})")

@@ -269,3 +269,25 @@ def test_ctrl_c_in_a_light_command_is_130(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("cachebake: error: interrupted")
     shutil.rmtree(to)
+
+
+@pytest.mark.parametrize("blocked,code,says", [
+    ("zstandard", ExitCode.UNSUPPORTED, "the Python package 'zstandard' is missing from"),
+    ("cachebake_no_such_module", ExitCode.FAILURE, "internal error: ModuleNotFoundError"),
+])
+def test_a_missing_dependency_is_one_line_not_a_bug(world, blocked, code, says):
+    """A required package the interpreter lacks (an init image built without it) is UNSUPPORTED
+    and named; a module that is not a dependency is still reported as a bug, with its log."""
+    shadow = world["tmp"] / "shadow"
+    (shadow / "zstandard").mkdir(parents=True)
+    # a package that fails to import as a missing one does (the real one stays installed)
+    (shadow / "zstandard" / "__init__.py").write_text(
+        f"raise ModuleNotFoundError({f'No module named {blocked!r}'!r}, name={blocked!r})\n")
+    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "install", str(world["art"]), "--to",
+                        str(world["tmp"] / "to"), "--target", "sm_90"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{REPO}",
+                            "TMPDIR": str(world["systmp"])})
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (world["tmp"] / "to").exists()
