@@ -69,6 +69,8 @@ def test_push_then_install_from_the_registry_hits(engines, baked, tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["artifact"] == f"{repo}:sm_90" and report["layer_digest"] == pushed[0]["layer_digest"]
+    marker = json.loads((Path(report["version_dir"]) / "install.json").read_text())
+    assert marker["artifact"] == f"{repo}:sm_90"  # the reference, not the removed temp layout
     result = compile_kernels(tmp_path / "c" / "triton")
     assert (result["hits"], result["misses"]) == (3, 0)
     # pinned by digest, as a Pod spec should name it: the same bake, already installed

@@ -274,9 +274,9 @@ def install_reference(reference: str, to: os.PathLike | str, *, target: str | No
         layout = tmp / "layout"
         pulled = fetch(reference, layout, target=target, fingerprint_file=fingerprint_file,
                        options=options)
-        report = install_artifact(layout, to, target=target, fingerprint_file=fingerprint_file,
-                                  **install_options)
-        report.artifact = str(pulled) if not ref.digest else reference
-        return report
+        # install.json and the report name the reference, not the temp layout removed below
+        return install_artifact(layout, to, target=target, fingerprint_file=fingerprint_file,
+                                artifact_name=str(pulled) if not ref.digest else reference,
+                                **install_options)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

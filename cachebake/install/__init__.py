@@ -74,14 +74,18 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      target: str | None = None, fingerprint_file: str | None = None,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
                      lock_timeout: float = LOCK_TIMEOUT_S, check_only: bool = False,
-                     overlay: str | os.PathLike | None = None) -> InstallReport:
+                     overlay: str | os.PathLike | None = None,
+                     artifact_name: str | None = None) -> InstallReport:
     """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
-    env then turns on the layered cache manager and its miss log (cachebake.runtime)."""
+    env then turns on the layered cache manager and its miss log (cachebake.runtime).
+    ``artifact_name``: what the report and install.json call the artifact when ``artifact`` is
+    a stand-in for it (a registry install's private temp layout: its reference instead)."""
     dest = atomic.InstallDir(to)
     try:
         return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
                         allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
-                        check_only=check_only, overlay=overlay)
+                        check_only=check_only, overlay=overlay,
+                        artifact_name=artifact_name or os.fspath(artifact))
     except KeyboardInterrupt:
         if dest.switched():
             raise Interrupted(f"the new bake was switched in at {dest.root}; a re-run cleans up "
@@ -90,7 +94,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
 
 
 def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_mismatch,
-             serve_at, lock_timeout, check_only, overlay) -> InstallReport:
+             serve_at, lock_timeout, check_only, overlay, artifact_name) -> InstallReport:
     started = time.monotonic()
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
@@ -103,7 +107,7 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
 
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     report = InstallReport(
-        status="installed", artifact=os.fspath(artifact), target=bake.target,
+        status="installed", artifact=artifact_name, target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
         serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
     if overlay is not None:
