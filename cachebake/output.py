@@ -15,9 +15,10 @@ Warnings and progress go to stderr, never into the JSON on stdout.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, Callable, Protocol
+
+from cachebake.artifact.schema import dumps
 
 ENVELOPE_VERSION = 1
 ENVELOPE_KEYS = ("cachebake", "command", "ok")
@@ -97,5 +98,5 @@ class Output:
 
     @staticmethod
     def print_json(obj: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.write(dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
         sys.stdout.flush()

@@ -45,7 +45,17 @@ def rowsum_kernel(x_ptr, out_ptr, stride, N: tl.constexpr):
     tl.store(out_ptr + row, tl.sum(tl.load(x_ptr + row * stride + offs), axis=0))
 
 
-KERNELS = {"add_kernel": add_kernel, "scale_kernel": scale_kernel, "rowsum_kernel": rowsum_kernel}
+@triton.jit
+def clamp_kernel(x_ptr, out_ptr, n, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    # a float constexpr, as vLLM's _chunk_cumsum_fwd_kernel takes dt_max=inf
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.minimum(tl.load(x_ptr + offs, mask=m), LIMIT), mask=m)
+
+
+KERNELS = {"add_kernel": add_kernel, "scale_kernel": scale_kernel, "rowsum_kernel": rowsum_kernel,
+           "clamp_kernel": clamp_kernel}
 
 # (kernel, signature, constexprs, attrs, options): several kernels, several specializations
 # of one kernel (constexprs, dtypes, divisibility attrs, num_warps), as a sweep would produce.
@@ -141,9 +151,11 @@ def write_autotune_result(cache_dir: os.PathLike | str, kernel: str = "add_kerne
 ADD_SIGNATURE = SPECS[0][1]
 SCALE_SIGNATURE = SPECS[3][1]
 _DEFAULT_CONSTEXPRS = {"add_kernel": {"BLOCK": 128}, "scale_kernel": {"BLOCK": 128, "SQUARE": False},
-                       "rowsum_kernel": {"N": 128}}
+                       "rowsum_kernel": {"N": 128}, "clamp_kernel": {"LIMIT": float("inf"), "BLOCK": 128}}
 _DEFAULT_SIGNATURES = {"add_kernel": ADD_SIGNATURE, "scale_kernel": SCALE_SIGNATURE,
-                       "rowsum_kernel": SPECS[4][1]}
+                       "rowsum_kernel": SPECS[4][1],
+                       "clamp_kernel": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+                                        "LIMIT": "constexpr", "BLOCK": "constexpr"}}
 
 
 def aot_compile(cache_dir, kernel=add_kernel, signature=None, constexprs=None,

@@ -323,3 +323,27 @@ def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path, monke
     r = CliRunner().invoke(main, ["pack", str(triton_cache), "--out", str(tmp_path / "b"),
                                   "--target", "sm_90"])
     assert r.exit_code == 0 and r.stderr == ""
+
+
+def test_a_bake_whose_events_hold_infinities_installs_and_inspects(triton_cache, tmp_path):
+    """A real vLLM bake's events hold constexprs like dt_max=inf and MASK_VALUE=-inf, and
+    events logged before the monitor wrote them as strings still do.  What pack writes is
+    strict JSON all the same (they become "inf"), so inspect and install read it; on the
+    H200 (2026-11-30) such an artifact was refused by both until this."""
+    from cachebake.artifact.schema import parse_json
+    from cachebake.install import install_artifact
+
+    bake = {"events": [{"kind": "compile", "constexprs": {"dt_max": float("inf"), "MASK_VALUE": float("-inf")}}],
+            "seconds": float("nan")}
+    art = tmp_path / "art"
+    pack_artifact([parse_root(f"triton={triton_cache}")], art, target="sm_90", bake=bake)
+    label = open_artifact(art).select().manifest
+    assert label.bake["events"][0]["constexprs"] == {"dt_max": "inf", "MASK_VALUE": "-inf"}
+    assert label.bake["seconds"] == "nan"
+    for blob in (art / "blobs" / "sha256").iterdir():
+        if blob.stat().st_size < 1 << 20 and blob.read_bytes()[:1] == b"{":
+            parse_json(blob.read_bytes(), blob.name)  # every JSON blob, strictly
+    r = CliRunner().invoke(main, ["inspect", str(art), "--json"])
+    assert r.exit_code == 0, r.output
+    report = install_artifact(art, tmp_path / "to", target="sm_90")
+    assert report.status == "installed"

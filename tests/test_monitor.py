@@ -61,6 +61,18 @@ def test_compile_then_hit_in_process(log, tmp_path):
     assert (s.compiles, s.cache_hits, s.kernels, s.stable) == (2, 1, ["add_kernel"], False)
 
 
+def test_an_infinite_constexpr_is_logged_as_strict_json(log, tmp_path):
+    """vLLM's _chunk_cumsum_fwd_kernel takes dt_max=inf: the event says "inf", and every line
+    of the log is JSON a strict reader (install's) accepts."""
+    from cachebake.artifact.schema import parse_json
+
+    aot.aot_compile(tmp_path / "cache", aot.clamp_kernel)
+    (event,) = read_events(log)
+    assert event.kind == "compile" and event.constexprs == {"LIMIT": "inf", "BLOCK": 128}
+    for line in log.read_bytes().splitlines():
+        parse_json(line, "events")
+
+
 def test_deactivated_monitor_logs_nothing(tmp_path):
     path = tmp_path / "events.jsonl"
     monitor.activate(path)

@@ -68,6 +68,22 @@ def test_record_json_round_trip_is_canonical():
     assert back.compiles[0].signature[0][0] == "x"
 
 
+def test_a_failed_candidate_timed_inf_round_trips_as_strict_json():
+    """Triton times a candidate that could not run as inf: the blob stays strict JSON and the
+    timing comes back a float, as the autotune result replay writes needs it."""
+    from cachebake.artifact.schema import parse_json
+
+    tune = AutotuneSpec(kernel=REF, tuning_key="(4096,)", configs=[TuneConfig(kwargs=[["B", 64]]),
+                                                                   TuneConfig(kwargs=[["B", 128]])],
+                        target="cuda:90", env_vars={}, result_hash="r1",
+                        timings=[[float("inf")] * 3, [0.1, 0.09, 0.11]], best=1)
+    rec = CompileRecord(compiles=[spec()], autotune=[tune])
+    parse_json(rec.to_json(), "record")  # no Infinity in the blob
+    back = CompileRecord.from_json(rec.to_json())
+    assert back.autotune[0].timings == [[float("inf")] * 3, [0.1, 0.09, 0.11]]
+    assert back.to_json() == rec.to_json()
+
+
 def test_merge_keeps_one_entry_per_target_and_key_and_prefers_real_compiles():
     a = CompileRecord(compiles=[spec("h1", seen="cache_hit"), spec("h2")])
     b = CompileRecord(compiles=[spec("h1", seen="compile"), spec("h1", target="cuda:120")])

@@ -16,7 +16,6 @@ umoci validate what we write in the tests.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def canonical_json(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return schema.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
 def sha256_digest(data: bytes) -> str:
@@ -88,7 +87,7 @@ def add_image(layout: Path, bake: BakeManifest) -> dict:
     target = GPUTargetSpec.parse(bake.target)
     annotations = {
         ANN_TARGET: bake.target,
-        ANN_FINGERPRINT: json.dumps(bake.fingerprint, sort_keys=True, separators=(",", ":")),
+        ANN_FINGERPRINT: schema.dumps(bake.fingerprint, sort_keys=True, separators=(",", ":")),
         "org.opencontainers.image.title": f"cachebake {target.ref_name}",
         "org.opencontainers.image.description": "Triton/vLLM kernel cache baked by cachebake",
     }
@@ -125,7 +124,7 @@ def write_index(layout: Path, entries: list[dict], bakes: dict[str, dict]) -> No
     index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": entries}
     (layout / "index.json").write_bytes(canonical_json(index))
     summary = {"format_version": FORMAT_VERSION, "bakes": dict(sorted(bakes.items()))}
-    (layout / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (layout / SUMMARY_FILE).write_text(schema.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------- reading

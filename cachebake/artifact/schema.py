@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import stat
@@ -131,6 +132,26 @@ def _no_constant(document: str):
     def hook(name):
         raise InvalidDocument(document, "", f"holds {name}, which is not JSON")
     return hook
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every NaN and infinity as its repr ("nan", "inf", "-inf"): what cachebake
+    writes must pass ``parse_json``, which refuses them like every strict JSON reader (jq, Go,
+    registries).  Real bakes hold them: vLLM's kernels take ``dt_max=inf`` and
+    ``MASK_VALUE=-inf`` as constexprs, which the bake's events and manifest describe."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else repr(obj)
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw) -> str:
+    """json.dumps for what cachebake writes: non-finite floats as strings (``strict_json``),
+    and ``allow_nan=False`` so nothing else can slip one through."""
+    return json.dumps(strict_json(obj), allow_nan=False, **kw)
 
 
 _DECODERS: dict[str, json.JSONDecoder] = {}

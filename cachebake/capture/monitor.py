@@ -18,6 +18,7 @@ plugin.  Every process appends one JSON line per event with a single ``write`` o
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -262,6 +263,8 @@ def _compile_event(src, metadata, metadata_group, times, cache_hit) -> Event:
         constexprs = {}
         for k, v in src.constants.items():
             name = arg_names[k[0]] if len(k) == 1 and k[0] < len(arg_names) else str(k)
+            if isinstance(v, float) and not math.isfinite(v):
+                v = repr(v)  # "inf" (vLLM's dt_max): events end up in the manifest, strict JSON
             constexprs[name] = v if isinstance(v, (int, float, bool, str, type(None))) else str(v)
     attrs = None
     if getattr(src, "attrs", None):

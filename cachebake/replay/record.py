@@ -27,6 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from cachebake.artifact import schema
 from cachebake.errors import InvalidDocument, Unsupported
 
 RECORD_FORMAT_VERSION = 1
@@ -150,7 +151,8 @@ class AutotuneSpec:
             return cls(kernel=KernelRef(**d["kernel"]), tuning_key=str(d["tuning_key"]),
                        configs=[TuneConfig(**c) for c in d["configs"]], target=str(d["target"]),
                        env_vars=dict(d["env_vars"]), result_hash=str(d["result_hash"]),
-                       timings=d.get("timings"), best=d.get("best"),
+                       timings=[[float(x) for x in t] for t in d["timings"]] if d.get("timings") else None,
+                       best=d.get("best"),
                        compiles=[str(h) for h in d.get("compiles") or []])
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidDocument(RECORD_DOCUMENT, where, f"malformed autotune entry ({e})") from None
@@ -304,4 +306,6 @@ def _short(v) -> str:
 
 
 def _canonical(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    # a failed autotune candidate is timed inf: written "inf" (strict JSON, like every document
+    # cachebake writes), read back by float() in AutotuneSpec.from_dict
+    return schema.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
