@@ -18,7 +18,7 @@ from cachebake.drivers.vllm_args import (parse_serve_args, serve_args_to_flags, 
 from cachebake.drivers.vllm_engine import (OFFLINE_ENV, bake_environment, bake_record,
                                            engine_kwargs, generate_at_once, run_round,
                                            write_model_dir)
-from cachebake.drivers.vllm_plan import (SAMPLING_KINDS, EngineLimits, decode_sizes,
+from cachebake.drivers.vllm_plan import (SAMPLING_KINDS, TOPP_KERNEL_ROWS, EngineLimits, decode_sizes,
                                          default_capture_sizes, limits_from_serve_args,
                                          plan_digest, plan_requests, token_ids)
 from cachebake.errors import BadInput, CommandFailed, ExitCode
@@ -333,6 +333,12 @@ def test_sampling_traffic_at_sizes_of_both_divisibilities():
     assert f"sample-mixed-{lim.largest_capture + 1}" in sampled  # past the largest graph size
     greedy = next(b for b in plan if b.label == "decode-7")
     assert greedy.sampling_for(3) == {"temperature": 0.0}
+    # top-p without top-k in a batch big enough for vLLM's kernel, at a BATCH_SIZE no multiple
+    # of 16 (what the H200 still compiled for unseen traffic)
+    topp = sampled[f"sample-top-p-{TOPP_KERNEL_ROWS}"]
+    params = [topp.sampling_for(i) for i in range(topp.num_requests)]
+    assert topp.num_requests > 64 and topp.num_requests % 16
+    assert any(p.get("top_p") for p in params) and not any(p.get("top_k") for p in params)
 
 
 def test_unseeded_sampling_only_without_drafts():

@@ -288,10 +288,19 @@ SAMPLING_KINDS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+# Rows for which top-p-only sampling reaches vLLM's _topk_topp_kernel with a BATCH_SIZE that is
+# no multiple of 16 (Triton specializes that int argument on it; the engine's warm-up compiles
+# only the multiple): vLLM 0.24 samples fewer than 8 rows in torch, 0.33 sends top-p-only
+# batches of up to 64 rows to its split pipeline (v1/sample/ops/topk_topp_sampler.py and
+# topk_topp_triton.py).  On the H200 the kernel compiled for unseen traffic until the plan
+# sent such a batch (bench/RESULTS.md).
+TOPP_KERNEL_ROWS = 77
+
+
 def sampling_batches(lim: EngineLimits) -> list[RequestBatch]:
     """Each kind of sampling traffic at a batch size of 1, 7 (no multiple of anything) and 16,
     so both specializations of the sampler kernels' batch-size arguments compile; the mixed
-    kind also at 33 and past the largest graph size."""
+    kind also at 33 and past the largest graph size, top-p alone also at TOPP_KERNEL_ROWS."""
     out = []
     for kind, params in SAMPLING_KINDS.items():
         if kind == "sample-unseeded" and lim.num_speculative_tokens:
@@ -299,6 +308,8 @@ def sampling_batches(lim: EngineLimits) -> list[RequestBatch]:
         sizes = {1, 7, 16}
         if kind == "sample-mixed":
             sizes |= {33, lim.largest_capture + 1}
+        if kind == "sample-top-p":
+            sizes.add(TOPP_KERNEL_ROWS)
         for n in sorted(x for x in sizes if 1 <= x <= lim.max_num_seqs):
             out.append(RequestBatch(f"{kind}-{n}", f"sampling traffic: {kind}, {n} requests",
                                     [24 + i % 5 for i in range(n)], 6, seed=300 + n,
