@@ -46,9 +46,6 @@ def relocated_group(data: bytes, key_dir: str, keep: set[str] | None = None) -> 
                                field=f"child_paths.{name}")
         if keep is None or name in keep:
             new[name] = f"{key_dir.rstrip('/')}/{name}"
-    # Same shape Triton writes (json.dumps defaults: ", " and ": ", ASCII escapes), so a
-    # rewritten file reads like a native one; spelled out with json's own string encoder
-    # because install rewrites one group file per kernel and json.dumps costs twice as much.
-    quote = json.encoder.encode_basestring_ascii
-    return ('{"child_paths": {' + ", ".join(f"{quote(k)}: {quote(v)}" for k, v in new.items())
-            + "}}").encode()
+    grp["child_paths"] = new
+    # Same shape Triton writes (json.dumps defaults), so a rewritten file reads like a native one.
+    return json.dumps(grp).encode()

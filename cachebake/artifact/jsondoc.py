@@ -121,33 +121,20 @@ def dumps(obj: Any, **kw) -> str:
     return json.dumps(strict_json(obj), allow_nan=False, **kw)
 
 
-_DECODERS: dict[str, json.JSONDecoder] = {}
-
-
-def _decoder(document: str) -> json.JSONDecoder:
-    """The strict decoder for ``document`` (its name is in the hooks' messages), made once:
-    json.loads with hooks builds a new decoder on every call, and install parses one group
-    file per kernel."""
-    decoder = _DECODERS.get(document)
-    if decoder is None:
-        if len(_DECODERS) >= 256:  # names with digests in them: keep the cache bounded
-            _DECODERS.clear()
-        decoder = _DECODERS[document] = json.JSONDecoder(object_pairs_hook=_no_duplicates(document),
-                                                         parse_constant=_no_constant(document))
-    return decoder
-
-
 def parse_json(data: bytes | str, document: str) -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING."""
-    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     if isinstance(data, bytes):
+        raw = data
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InvalidDocument(document, "", f"is not UTF-8 ({e.reason} at byte {e.start})") from None
+    else:
+        raw = data.encode("utf-8", "surrogatepass")
     _check_nesting(raw, document)
     try:
-        return _decoder(document).decode(data)
+        return json.loads(data, object_pairs_hook=_no_duplicates(document),
+                          parse_constant=_no_constant(document))
     except RecursionError:  # unreachable after _check_nesting; kept so no traceback escapes
         raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels") from None
     except ValueError as e:  # JSONDecodeError, and int() over Python's digit limit
