@@ -135,10 +135,7 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     if ours(marker) and not damage and not (leftovers and not check_only):
         return done(version, marker)
     dest.check_space(limits.file_bytes, limits.entries)
-    # only the fields relocation reads: asdict() of the whole manifest (its kernel inventory)
-    # would cost more than the rest of install's bookkeeping together
-    vllm = relocate_vllm.RoleRelocation({"roles": manifest.roles, "fingerprint": manifest.fingerprint,
-                                         "bake": manifest.bake, "layer_root": manifest.layer_root}, serve_root)
+    vllm = relocate_vllm.RoleRelocation(manifest, serve_root)
     transform = relocate_vllm.combine(relocate.group_rewriter(serve_root),
                                       *([vllm.transform] if vllm.roles else []))
 
@@ -195,10 +192,12 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
 
 def _fill(report: InstallReport, stats: extract.LayerStats, vllm: relocate_vllm.RoleRelocation) -> None:
     """Counts for the report; the roles left out are out of the counts, the roles and the env."""
-    kept = [n for n in stats.inventory if n.split("/", 1)[0] not in vllm.left_out] if vllm.left_out else []
-    report.entries = stats.entries if not vllm.left_out else len(kept) + len(stats.dirs)
-    report.files = stats.files if not vllm.left_out else len(kept)
-    report.file_bytes = stats.file_bytes if not vllm.left_out else sum(stats.inventory[n][0] for n in kept)
+    if vllm.left_out:
+        kept = [n for n in stats.inventory if n.split("/", 1)[0] not in vllm.left_out]
+        report.entries, report.files = len(kept) + len(stats.dirs), len(kept)
+        report.file_bytes = sum(stats.inventory[n][0] for n in kept)
+    else:
+        report.entries, report.files, report.file_bytes = stats.entries, stats.files, stats.file_bytes
     report.groups_relocated = stats.transformed - sum(vllm.files.values())
     report.relocated = {role: n for role, n in
                         {"triton": report.groups_relocated, **dict(vllm.files)}.items()

@@ -20,17 +20,17 @@ import posixpath
 from collections import Counter
 from typing import Callable
 
+from cachebake.artifact.manifest import BakeManifest
 from cachebake.artifact.torch_paths import PATH_ROLES, NotRelocatable, PathMap, relocate_file
 from cachebake.roles import ROLE_ENV
 
 
-def root_map(manifest: dict, serve_root: str) -> dict[str, str]:
+def root_map(manifest: BakeManifest, serve_root: str) -> dict[str, str]:
     """Every root the bake's files may name (per role: the layer root's, the path it was packed
     from, the path the bake pinned) -> that role under ``serve_root``."""
-    fp = manifest.get("fingerprint") or {}
-    bake_paths = fp.get("bake_paths") or {}
-    pinned = ((manifest.get("bake") or {}).get("env") or {}).get("pinned") or {}
-    layer_root = manifest.get("layer_root")
+    bake_paths = (manifest.fingerprint or {}).get("bake_paths") or {}
+    pinned = ((manifest.bake or {}).get("env") or {}).get("pinned") or {}
+    layer_root = manifest.layer_root
     pairs: dict[str, str] = {}
     for role, var in ROLE_ENV.items():
         new = posixpath.join(serve_root, role)
@@ -48,9 +48,9 @@ class RoleRelocation:
     files rewritten; ``opaque``: old-root occurrences left in Triton debug info (see
     torch_paths)."""
 
-    def __init__(self, manifest: dict, serve_root: str):
+    def __init__(self, manifest: BakeManifest, serve_root: str):
         self.serve_root = posixpath.normpath(serve_root)
-        self.roles = [r for r in PATH_ROLES if r in (manifest.get("roles") or [])]
+        self.roles = [r for r in PATH_ROLES if r in manifest.roles]
         self.left_out: dict[str, str] = {}
         self.files: Counter[str] = Counter()
         self.opaque: Counter[str] = Counter()
