@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from cachebake.artifact import schema
+from cachebake.artifact.oci import canonical_json
 from cachebake.errors import InvalidDocument, Unsupported
 
 RECORD_FORMAT_VERSION = 1
@@ -91,7 +91,7 @@ class CompileSpec:
         share it."""
         ident = [asdict(self.kernel), self.signature, self.constexprs, self.attrs,
                  self.options, self.env_vars]
-        return hashlib.sha256(_canonical(ident)).hexdigest()[:32]
+        return hashlib.sha256(canonical_json(ident)).hexdigest()[:32]
 
     def label(self) -> str:
         consts = ", ".join(f"{_path_name(self, p)}={_short(v)}" for p, v in self.constexprs)
@@ -207,8 +207,10 @@ class CompileRecord:
                 "autotune": [a.to_dict() for a in self.autotune]}
 
     def to_json(self) -> bytes:
-        """Canonical bytes: the same record is the same blob digest."""
-        return _canonical(self.to_dict())
+        """Canonical bytes: the same record is the same blob digest.  A failed autotune
+        candidate is timed inf: written "inf" (strict JSON, like every document cachebake
+        writes), read back by float() in AutotuneSpec.from_dict."""
+        return canonical_json(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: Any) -> "CompileRecord":
@@ -304,8 +306,3 @@ def _short(v) -> str:
     text = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
     return text if len(text) <= 24 else text[:21] + "..."
 
-
-def _canonical(obj) -> bytes:
-    # a failed autotune candidate is timed inf: written "inf" (strict JSON, like every document
-    # cachebake writes), read back by float() in AutotuneSpec.from_dict
-    return schema.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
