@@ -52,6 +52,17 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def in_memory_dir(path: Path) -> bool:
+    """Whether ``path`` is on tmpfs/ramfs (install/staging.py's choice of writer lanes)."""
+    from cachebake.install.fsops import DIR_FLAGS, in_memory
+
+    fd = os.open(path, DIR_FLAGS)
+    try:
+        return in_memory(fd)
+    finally:
+        os.close(fd)
+
+
 def timed(fn) -> tuple[float, float]:
     """(wall, CPU) seconds of one run: CPU counts the work whatever else loads the machine."""
     t, c = time.perf_counter(), _cpu()
@@ -157,7 +168,7 @@ def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
     from badlayers import layer_blob
     from cachebake.artifact.oci import open_artifact
     from cachebake.install import extract
-    from cachebake.install.fsops import DIR_FLAGS, in_memory
+    from cachebake.install.fsops import DIR_FLAGS
 
     work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
     try:
@@ -187,9 +198,7 @@ def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
         methods += [(f"extract_layer(lanes={k})", extraction(k)) for k in range(4)]
         spent: dict[str, list[float]] = {name: [] for name, _ in methods}
         rng = random.Random(0)
-        fd = os.open(work, DIR_FLAGS)
-        memory = in_memory(fd)
-        os.close(fd)
+        memory = in_memory_dir(work)
         for _ in range(repeat):
             for name, fn in rng.sample(methods, len(methods)):
                 if memory or not keep_trees:
@@ -210,12 +219,8 @@ def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
 def measure(workdir: str, repeat: int, with_cache_line: bool, keep_trees: bool = False) -> list[str]:
     import installkit
     from cachebake.install import atomic, install_artifact
-    from cachebake.install.fsops import DIR_FLAGS, in_memory
-
     work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
-    fd = os.open(work, DIR_FLAGS)
-    memory = in_memory(fd)
-    os.close(fd)
+    memory = in_memory_dir(work)
     try:
         import realistic_cache
 
