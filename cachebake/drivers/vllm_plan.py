@@ -290,10 +290,11 @@ SAMPLING_KINDS: dict[str, list[dict[str, Any]]] = {
 
 # Rows for which top-p-only sampling reaches vLLM's _topk_topp_kernel with a BATCH_SIZE that is
 # no multiple of 16 (Triton specializes that int argument on it; the engine's warm-up compiles
-# only the multiple): vLLM 0.24 samples fewer than 8 rows in torch, 0.33 sends top-p-only
-# batches of up to 64 rows to its split pipeline (v1/sample/ops/topk_topp_sampler.py and
-# topk_topp_triton.py).  On the H200 the kernel compiled for unseen traffic until the plan
-# sent such a batch (bench/RESULTS.md).
+# only the multiple): vLLM 0.24 samples fewer than 8 rows in torch (v1/sample/ops/
+# topk_topp_sampler.py:356, apply_top_k_top_p), 0.33 sends top-p-only batches of up to 64 rows
+# to its split pipeline (v1/sample/ops/topk_topp_triton.py:986 _SPLIT_MAX_BATCH, :1682
+# use_split).  On the H200 the kernel compiled for unseen traffic until the plan sent such a
+# batch (bench/RESULTS.md).
 TOPP_KERNEL_ROWS = 77
 
 
