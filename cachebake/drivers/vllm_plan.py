@@ -292,7 +292,7 @@ SAMPLING_KINDS: dict[str, list[dict[str, Any]]] = {
 # no multiple of 16 (Triton specializes that int argument on it; the engine's warm-up compiles
 # only the multiple): vLLM 0.24 samples fewer than 8 rows in torch (v1/sample/ops/
 # topk_topp_sampler.py:356, apply_top_k_top_p), 0.33 sends top-p-only batches of up to 64 rows
-# to its split pipeline (v1/sample/ops/topk_topp_triton.py:986 _SPLIT_MAX_BATCH, :1682
+# to its split pipeline (v1/sample/ops/topk_topp_triton.py:986 _SPLIT_MAX_BATCH, :1681
 # use_split).  On the H200 the kernel compiled for unseen traffic until the plan sent such a
 # batch (bench/RESULTS.md).
 TOPP_KERNEL_ROWS = 77
