@@ -11,7 +11,7 @@ from badlayers import pad, raw_dir, raw_file, raw_tar, ustar_header
 
 from cachebake.errors import CorruptArtifact, MemberRefused, UnsafeArtifact
 from cachebake.install import refusals
-from cachebake.install.tarstream import ChunkReader, members
+from cachebake.install.tarstream import ChunkReader, _checksum, members
 
 
 def read_all(tar: bytes, chunk: int = 700):
@@ -62,6 +62,26 @@ def test_refusals(tar, error):
         read_all(tar)
     if issubclass(error, MemberRefused):
         assert isinstance(e.value, MemberRefused) and e.value.member
+
+
+@pytest.mark.parametrize("block", [bytes(512), b"\xff" * 512, bytes(range(256)) * 2,
+                                   bytes((i * 7919) % 256 for i in range(512))])
+def test_checksum_is_the_posix_unsigned_sum(block):
+    """The Adler-32 shortcut is exact up to the largest sum a block can have (all 0xff)."""
+    assert _checksum(block) == sum(block) - sum(block[148:156]) + 8 * 32
+
+
+def test_a_high_byte_name_passes_the_checksum_and_is_refused_for_its_name():
+    """A header whose bytes sum high in both halves (the checksum's worst case) is read to
+    the name check, which refuses what is not UTF-8."""
+    block = ustar_header(b"\xff" * 99, size=2, prefix=b"\xfe" * 154)
+    with pytest.raises(refusals.BadNameError):
+        read_all(raw_tar(block + pad(b"ok")))
+
+
+def test_a_link_name_after_a_nul_is_refused():
+    with pytest.raises(refusals.EntryTypeError, match="link name"):
+        read_all(raw_tar(ustar_header("a", size=2, linkname=b"\x00x") + pad(b"ok")))
 
 
 def test_zero_padding_to_the_record_is_accepted():
