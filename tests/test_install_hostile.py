@@ -499,7 +499,8 @@ def test_10_many_empty_files_are_checked_against_free_inodes(site):
 
 
 # -- 11. damage is repaired; --check-only reports it -----------------------------------------------
-@pytest.mark.parametrize("damage", ["deleted", "truncated", "rewritten", "dir_removed", "marker_garbled"])
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "rewritten", "chmod", "renamed_over", "dir_removed",
+                                    "marker_garbled"])
 def test_11_a_damaged_tree_is_reported_then_repaired(site, damage):
     view = resolved_view(site.to / "triton")
     victim = site.to / "triton" / KEY / "k.cubin"
@@ -509,6 +510,12 @@ def test_11_a_damaged_tree_is_reported_then_repaired(site, damage):
         victim.write_bytes(b"")
     elif damage == "rewritten":
         victim.write_bytes(b"\x7fELF" + b"y" * 100)  # same size
+    elif damage == "chmod":
+        victim.chmod(0o600)
+    elif damage == "renamed_over":  # same size and mtime, another inode
+        twin = victim.with_name("twin")
+        shutil.copy2(victim, twin)
+        twin.rename(victim)
     elif damage == "dir_removed":
         shutil.rmtree(site.to / "triton" / KEY)
     else:

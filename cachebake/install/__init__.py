@@ -195,7 +195,7 @@ def _fill(report: InstallReport, stats: extract.LayerStats, vllm: relocate_vllm.
     if vllm.left_out:
         kept = [n for n in stats.inventory if n.split("/", 1)[0] not in vllm.left_out]
         report.entries, report.files = len(kept) + len(stats.dirs), len(kept)
-        report.file_bytes = sum(stats.inventory[n][0] for n in kept)
+        report.file_bytes = sum(stats.inventory[n] for n in kept)
     else:
         report.entries, report.files, report.file_bytes = stats.entries, stats.files, stats.file_bytes
     report.groups_relocated = stats.transformed - sum(vllm.files.values())

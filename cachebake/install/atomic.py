@@ -434,6 +434,8 @@ class InstallDir:
         fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=staged_fd)
         try:
+            # the seal (install/inventory.py): created after the last file, read before the write
+            marker = {**marker, "sealed_ctime_ns": os.fstat(fd).st_ctime_ns}
             os.fchmod(fd, 0o644)
             data = json.dumps(marker, sort_keys=True, separators=(",", ":")).encode() + b"\n"
             view = memoryview(data)

@@ -103,10 +103,10 @@ class LayerStats:
     file_bytes: int = 0
     tar_bytes: int = 0
     transformed: int = 0
-    # what was written, for the installed-tree check (install.json): dirs, and per file
-    # [size, mtime_ns, ctime_ns, inode]
+    # what was written, for the installed-tree check (install.json, install/inventory.py):
+    # the directories made, and each file's size as written, in layer order
     dirs: list[str] = field(default_factory=list, repr=False)
-    inventory: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    inventory: dict[str, int] = field(default_factory=dict, repr=False)
 
 
 _IMPLIED, _DIR, _FILE = 0, 1, 2  # what EntryChecker knows a name to be
@@ -268,11 +268,13 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
                 if new is not original:  # a rewrite returns its input itself to leave it as is
                     stats.transformed += 1
                 data = [memoryview(new)]
-            elif writer is not None:
-                data = reader.take_views(h.size)
+                stats.inventory[h.name] = len(new)
             else:
-                reader.skip(h.size)
-                continue
+                stats.inventory[h.name] = h.size
+                if writer is None:
+                    reader.skip(h.size)
+                    continue
+                data = reader.take_views(h.size)
             if writer is not None:
                 writer.write(h.name, mode, data)
         checker.finish(inflater.total)

@@ -89,9 +89,8 @@ class StagingWriter:
         for d in reversed(missing):
             self.mkdir(d, made)
 
-    def write_file(self, path: str, mode: int, data: list[memoryview]) -> list[int]:
-        """Create ``path`` with ``data``; returns its inventory record [size, mtime_ns,
-        ctime_ns, inode] (what install.json keeps to re-check the tree)."""
+    def write_file(self, path: str, mode: int, data: list[memoryview]) -> None:
+        """Create ``path`` with ``data``."""
         parent, _, leaf = path.rpartition("/")
         fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=self._dir_fd(parent))
@@ -101,8 +100,6 @@ class StagingWriter:
             for view in data:
                 while view:
                     view = view[os.write(fd, view):]
-            st = os.fstat(fd)
-            return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         finally:
             os.close(fd)
 
@@ -113,11 +110,10 @@ class StagingWriter:
 
 
 class _Lane:
-    """One writer thread: writes the files handed to it, in order, into its own inventory."""
+    """One writer thread: writes the files handed to it, in order."""
 
     def __init__(self, root_fd: int, checkpoint: Callable[[str], None], index: int):
         self.checkpoint = checkpoint
-        self.inventory: dict[str, list[int]] = {}
         self.error: BaseException | None = None
         self._out = StagingWriter(root_fd)
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_DEPTH)
@@ -128,7 +124,7 @@ class _Lane:
         self._thread.start()
 
     def _run(self) -> None:
-        out, inventory = self._out, self.inventory
+        out = self._out
         try:
             while True:
                 batch = self._queue.get()
@@ -140,7 +136,7 @@ class _Lane:
                     for name, mode, data in batch:
                         if self._cancelled:
                             break
-                        inventory[name] = out.write_file(name, mode, data)
+                        out.write_file(name, mode, data)
                         self.checkpoint("entry")
                 except BaseException as e:  # noqa: BLE001 - handed to the extractor's thread
                     self.error = e
@@ -179,11 +175,12 @@ class _Lane:
 
 class Staging:
     """``mkdir``/``write`` create a checked entry (see the module doc for which thread writes);
-    ``finish`` waits for the lanes, raises their first error (disk full, EIO) and fills
-    ``stats.inventory`` in layer order; ``cancel`` stops them after their current entry."""
+    ``finish`` waits for the lanes and raises their first error (disk full, EIO); ``cancel``
+    stops them after their current entry."""
 
     def __init__(self, root_fd: int, stats, checkpoint: Callable[[str], None], lanes: int | None = None):
-        """``lanes``: writer threads; None picks by ``root_fd``'s filesystem (module doc)."""
+        """``lanes``: writer threads; None picks by ``root_fd``'s filesystem (module doc).
+        ``stats.dirs`` gets each directory made, in order."""
         if lanes is None:
             lanes = 0 if in_memory(root_fd) else DISK_LANES
         self.lanes = lanes
@@ -192,7 +189,6 @@ class Staging:
         self._out = StagingWriter(root_fd)  # directories, and files when lanes == 0
         self._lanes = [_Lane(root_fd, checkpoint, i) for i in range(lanes)]
         self._lane_of: dict[str, _Lane] = {}  # directory -> the lane writing its files
-        self._order: list[str] = []  # files handed to lanes, in layer order
 
     def mkdir(self, name: str) -> None:
         self._out.mkdir(name, self.stats.dirs)
@@ -201,7 +197,7 @@ class Staging:
     def write(self, name: str, mode: int, data: list[memoryview]) -> None:
         self._out.ensure_parents(name, self.stats.dirs)
         if not self._lanes:
-            self.stats.inventory[name] = self._out.write_file(name, mode, data)
+            self._out.write_file(name, mode, data)
             self.checkpoint("entry")
             return
         parent = name.rpartition("/")[0]
@@ -209,7 +205,6 @@ class Staging:
         if lane is None:
             lane = self._lane_of[parent] = self._lanes[len(self._lane_of) % len(self._lanes)]
         lane.add(name, mode, data)
-        self._order.append(name)
 
     def finish(self) -> None:
         try:
@@ -220,11 +215,6 @@ class Staging:
         for lane in self._lanes:
             if lane.error is not None:
                 raise lane.error
-        if self._lanes:
-            written = {}
-            for lane in self._lanes:
-                written.update(lane.inventory)
-            self.stats.inventory.update((name, written[name]) for name in self._order)
 
     def cancel(self) -> None:
         try:
