@@ -33,12 +33,13 @@ ARG TARGET=
 # Empty: `--driver DRIVER --model MODEL` on the GPU.  Set, it replaces the driver with a
 # command (CI sets a script that AOT-compiles real sm_90 kernels with triton.compile).
 ARG BAKE_WARMUP=
+# --no-sync on install: the builder commits the stage's files as a layer; a crash fails the build.
 RUN --device=nvidia.com/gpu=all \
     set -eu; \
     if [ -n "$BAKE_WARMUP" ]; then set -- -- $BAKE_WARMUP; \
     else set -- --driver "$DRIVER" --model "$MODEL"; fi; \
     cachebake build --out /cachebake/artifact --root "$ROOT" ${TARGET:+--target "$TARGET"} "$@"; \
-    cachebake install /cachebake/artifact --to "/cachebake/tree$ROOT" --serve-at "$ROOT" \
+    cachebake install /cachebake/artifact --to "/cachebake/tree$ROOT" --serve-at "$ROOT" --no-sync \
         ${TARGET:+--target "$TARGET"}
 
 # ---- cache: only the installed tree, at the serving root --------------------------------------

@@ -400,9 +400,13 @@ def serve_args_cmd(artifact, target, root, overlay, as_json):
               help="ARTIFACT docker://...: registry credentials (docker config.json format).")
 @click.option("--check-only", is_flag=True,
               help="Run every check (the whole layer too) and report what an install would do; write nothing.")
+@click.option("--sync/--no-sync", default=True, show_default=True,
+              help="Flush the new tree to disk before switching to it. --no-sync where DIR dies with a "
+                   "crash of its machine or install runs before every start (an init container's "
+                   "emptyDir, a Dockerfile RUN): a crash's damage is repaired by the next install.")
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
-            tls_verify, authfile, check_only, as_json):
+            tls_verify, authfile, check_only, sync, as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
     ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
     from cachebake.distribute import registry
@@ -412,7 +416,7 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
     out = output(as_json)
     options = dict(target=target, fingerprint_file=fingerprint_file, allow_mismatch=allow_mismatch,
                    serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay,
-                   check_only=check_only)
+                   check_only=check_only, sync=sync)
     if registry.is_reference(artifact):
         report = registry.install_reference(
             artifact, to, options=registry.RegistryOptions(tls_verify, authfile), **options)

@@ -165,7 +165,8 @@ def render_install(report, console: Console) -> None:
         console.print(f"{report.status}: {report.layer_digest} ({report.target}) in "
                       f"{escape(report.to)}: {report.files} files, {report.file_bytes / 1e6:.1f} MB, "
                       f"{report.groups_relocated} group files and {report.relocated.get('vllm', 0)} "
-                      f"vllm cache files relocated, {report.seconds:.2f} s")
+                      f"vllm cache files relocated, {report.seconds:.2f} s"
+                      f"{'' if report.synced else ' (not synced to disk: --no-sync)'}")
     for k, v in report.env.items():
         console.print(f"{k}={v}", markup=False)
 

@@ -48,8 +48,8 @@ def test_init_pattern_installs_for_the_server_path_with_the_serving_fingerprint(
                     "--target", "sm_90", "--model", "nemotron-h"))
     lib, fp, install = pod["initContainers"]
     assert fp["image"] == "vllm:1" and install["image"] == lib["image"] == "inst:1"
-    assert install["args"][:2] == ["install", REF]
-    args = dict(zip(install["args"][2::2], install["args"][3::2]))
+    assert install["args"][:2] == ["install", REF] and install["args"][-1] == "--no-sync"
+    args = dict(zip(install["args"][2:-1:2], install["args"][3:-1:2]))
     assert args == {"--to": "/cachebake", "--serve-at": ROOT, "--target": "sm_90",
                     "--fingerprint": "/cachebake-fingerprint/fingerprint.json"}
     for c in pod["initContainers"]:
@@ -70,7 +70,7 @@ def test_init_in_the_serving_image_needs_no_fingerprint_file():
     (install,) = pod["initContainers"]
     assert install["image"] == "vllm:1" and install["command"][:3] == ["cachebake", "install", REF]
     assert "--fingerprint" not in install["command"]
-    assert install["command"][-2:] == ["--authfile", "/cachebake-auth/config.json"]
+    assert install["command"][-3:] == ["--authfile", "/cachebake-auth/config.json", "--no-sync"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
 
 

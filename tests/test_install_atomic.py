@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -109,6 +110,29 @@ def test_sigkill_at_every_checkpoint_leaves_old_or_complete(baked, fp_file, tmp_
         assert resolved_view(to / "triton") == views["artifact2"]
         _assert_clean(to)
     assert outcomes["old"] > 0 and outcomes["new"] > 0, outcomes
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
+@pytest.mark.parametrize("flag", ["--sync", "--no-sync"])
+def test_no_sync_makes_no_flush_and_installs_the_same(baked, fp_file, tmp_path, flag):
+    """The system calls an install makes, seen by strace: a syncfs and fsyncs by default, none
+    with --no-sync; both trees serve every kernel."""
+    to, trace = tmp_path / "cache", tmp_path / "trace"
+    r = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=syncfs,fsync,fdatasync,sync",
+                        sys.executable, "-m", "cachebake.cli", "install", str(baked["artifact"]), "--to", str(to),
+                        "--fingerprint", str(fp_file), "--json", flag],
+                       capture_output=True, text=True, env=env_with(), cwd="/")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    calls = re.findall(r"\b(syncfs|fsync|fdatasync|sync)\(", trace.read_text())
+    if flag == "--sync":
+        assert report["synced"] is True and "syncfs" in calls and "fsync" in calls, calls
+    else:
+        assert report["synced"] is False and calls == [], calls
+    assert report["status"] == "installed"
+    _assert_clean(to)
+    result = compile_kernels(to / "triton")
+    assert (result["hits"], result["misses"]) == (3, 0)
 
 
 def _nobody_dir() -> Path:

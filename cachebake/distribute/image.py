@@ -134,7 +134,7 @@ def build_cache_image(artifact: os.PathLike | str, tag: str, *, target: str | No
         fp.write_text(json.dumps(bake.manifest.fingerprint))
         tree = tmp / "context" / "rootfs" / root.lstrip("/")
         installed = install_artifact(artifact, tree, target=bake.target, fingerprint_file=str(fp),
-                                     serve_at=root)
+                                     serve_at=root, sync=False)  # a build context, tarred next
         (tmp / "context" / "Dockerfile").write_text(CACHE_DOCKERFILE)
         context_tar = tmp / "context.tar"
         _context_tar(tmp / "context", context_tar)

@@ -118,7 +118,9 @@ def _install_args(plan: PodPlan, fingerprint: bool) -> list[str]:
         args.append("--tls-verify" if plan.tls_verify else "--no-tls-verify")
     if plan.pull_secret:
         args += ["--authfile", f"{AUTH_DIR}/config.json"]
-    return args
+    # The emptyDir lives and dies with the Pod, and this container re-runs install at every
+    # (re)start of the Pod: a crash's damage is found and repaired then, so no sync.
+    return args + ["--no-sync"]
 
 
 def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:

@@ -64,6 +64,7 @@ class InstallReport:
     cleaned: list[str] = field(default_factory=list)
     damage: list[str] = field(default_factory=list)  # what a repair found wrong (first 20)
     mismatches: list[str] = field(default_factory=list)
+    synced: bool = True  # False: --no-sync, what this install writes may not be on disk yet
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -75,12 +76,17 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
                      lock_timeout: float = LOCK_TIMEOUT_S, check_only: bool = False,
                      overlay: str | os.PathLike | None = None,
-                     artifact_name: str | None = None) -> InstallReport:
+                     artifact_name: str | None = None, sync: bool = True) -> InstallReport:
     """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
     env then turns on the layered cache manager and its miss log (cachebake.runtime).
     ``artifact_name``: what the report and install.json call the artifact when ``artifact`` is
-    a stand-in for it (a registry install's private temp layout: its reference instead)."""
-    dest = atomic.InstallDir(to)
+    a stand-in for it (a registry install's private temp layout: its reference instead).
+    ``sync`` False: skip the syncfs and fsyncs that make the new tree durable before the
+    switch, for a DIR that dies with its machine's crash or that install re-checks before
+    every start (an init container's emptyDir, a Dockerfile RUN): there a crash's damage (files
+    left empty) is what the next install's tree check repairs, and the sync is ~30 ms of an
+    install on a fast disk, more on a node whose other tenants left writeback pending."""
+    dest = atomic.InstallDir(to, sync=sync)
     try:
         return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
                         allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
@@ -109,7 +115,8 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     report = InstallReport(
         status="installed", artifact=artifact_name, target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
-        serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches)
+        serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches,
+        synced=dest.sync)
     if overlay is not None:
         report.env.update(runtime_env(overlay, serve_root, roles))
     dest.check_usable(roles)

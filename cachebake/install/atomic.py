@@ -94,8 +94,12 @@ def checkpoints_passed() -> int:
 class InstallDir:
     """DIR and its state directory, reached through directory fds only."""
 
-    def __init__(self, to: str | os.PathLike):
+    def __init__(self, to: str | os.PathLike, *, sync: bool = True):
+        """``sync`` False: no syncfs and no fsync (``install --no-sync``); the order of the
+        steps still leaves the old tree or the new one, and a crash before writeback can
+        leave new files empty, which the next install's tree check finds and repairs."""
         self.root = Path(os.path.abspath(to))
+        self.sync = sync
         self.state = self.root / STATE
         self.uid = os.geteuid()
         self.root_fd: int | None = None
@@ -427,7 +431,11 @@ class InstallDir:
                 checkpoint("role-link")
             except FileExistsError:
                 self.check_role_path(role)  # ours already, or BadInput naming it
-        os.fsync(self.root_fd)
+        self._fsync(self.root_fd)
+
+    def _fsync(self, fd: int) -> None:
+        if self.sync:
+            os.fsync(fd)
 
     def commit(self, staged: str, staged_fd: int, digest: str, marker: dict, roles: list[str]) -> str:
         """Sync the staged tree, link roles, move it into versions/, switch ``current``."""
@@ -443,14 +451,15 @@ class InstallDir:
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        sync_tree(staged_fd)
+        if self.sync:
+            sync_tree(staged_fd)
         checkpoint("synced")
         self.link_roles(roles)
         version = self.pending_version = f"{digest.split(':')[-1][:12]}-{secrets.token_hex(4)}"
         staging_fd, versions_fd = self._sub("staging"), self._sub("versions", create=True)
         try:
             rename_noreplace(staged, version, staging_fd, versions_fd)
-            os.fsync(versions_fd)
+            self._fsync(versions_fd)
         finally:
             os.close(staging_fd)
             os.close(versions_fd)
@@ -463,7 +472,7 @@ class InstallDir:
         os.symlink(f"versions/{version}", tmp, dir_fd=self.state_fd)
         checkpoint("current-tmp")
         os.rename(tmp, "current", src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)  # the switch
-        os.fsync(self.state_fd)
+        self._fsync(self.state_fd)
         checkpoint("switched")
         self._links_made.clear()  # they are backed now
         self._roles_by_version[version] = [r for r in roles if r in ROLE_ENV]
