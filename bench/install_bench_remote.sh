@@ -25,5 +25,8 @@ fi
 DIRS=(--workdir /tmp); [ -n "$SHM" ] && DIRS+=(--workdir "$SHM")
 python3 bench/bench_install.py --repeat 21 "${DIRS[@]}" --out "$OUT/install.md" > "$OUT/install.log" 2>&1
 cat "$OUT/install.md"
+python3 bench/bench_install.py --repeat 15 --keep-trees --workdir /tmp --out "$OUT/install-keep-trees.md" \
+    > "$OUT/install-keep-trees.log" 2>&1
+cat "$OUT/install-keep-trees.md"
 python3 bench/bench_install.py --lanes --repeat 21 "${DIRS[@]}" 2>&1 | tee "$OUT/lanes.txt"
 python3 bench/bench_install.py --phases --repeat 15 "${DIRS[@]}" 2>&1 | tee "$OUT/phases.txt"
