@@ -26,7 +26,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 NOTES = """Reading it: install reads the layer once (cachebake/install/extract.py): a helper thread
 decompresses, the main thread parses and checks each tar header and makes the directories, and
-each file is written right after its header passed: by two writer threads on a disk (file
+each file is written right after its header passed: by three writer threads on a disk (file
 creation is kernel work that overlaps across threads there), by the main thread itself on
 tmpfs (where the copy into memory is the work and more threads only add hand-overs;
 `--lanes` measures 0-3 writer threads).  The blob's digest is checked at the end, before the

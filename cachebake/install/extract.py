@@ -53,6 +53,7 @@ PATH_MAX = 4096
 MAX_DEPTH = 32  # Triton's cache is 3 deep, vLLM's and Inductor's under 10
 MAX_ENTRIES = 4_000_000
 _CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
+_BAD_PARTS = frozenset({"", ".", ".."})  # empty, "." and ".." path components
 
 # Called with each file's member name; returns None (copy as is) or a function that maps the
 # file's bytes to the bytes to write (relocation of Triton group files), or returns the very
@@ -140,9 +141,9 @@ class EntryChecker:
         if name[0] == "/":
             raise refusals.AbsolutePathError(name)
         parts = name.split("/")
-        if ".." in parts:
-            raise refusals.TraversalError(name)
-        if "" in parts or "." in parts:
+        if not _BAD_PARTS.isdisjoint(parts):
+            if ".." in parts:
+                raise refusals.TraversalError(name)
             raise refusals.BadNameError(name)
         if len(parts) > MAX_DEPTH:
             raise refusals.TooDeepError(name, f"nests {len(parts)} levels deep, over {MAX_DEPTH}")
@@ -168,7 +169,8 @@ class EntryChecker:
         known = kinds.get(name)
         if known is not None and known != _IMPLIED:
             raise refusals.DuplicateError(name)
-        if len(parts) > 1:
+        nested = len(parts) > 1
+        if nested:
             parent = kinds.get(name.rpartition("/")[0])
             if parent is None or parent == _FILE:
                 self._imply_dirs(name, parts)
@@ -181,7 +183,7 @@ class EntryChecker:
         if st.entries > self.limits.entries:
             raise refusals.OverDeclaredError(name, f"gives the layer more entries than the "
                                                    f"{self.limits.entries} the manifest declares")
-        if len(parts) > 1:
+        if nested:
             self.role_entries[role] += 1
         if isdir:
             kinds[name] = _DIR

@@ -9,11 +9,11 @@ Where the files are written is a measured choice (bench/install.md, ``--lanes``)
 
 * directories are always made on the extractor's thread, before any file in them is handed
   on, so a file's directory exists whoever writes the file;
-* on a journaling disk, creating a file is most of the cost (ext4 here: ~150 us of kernel time
-  a file, where tmpfs takes ~15 us), and two threads creating files in different directories
+* on a journaling disk, creating a file is often most of the cost (ext4 here: ~150 us of kernel
+  time a file, where tmpfs takes ~15 us), and threads creating files in different directories
   overlap in the kernel (open/write/close release the GIL): ``lanes`` writer threads, each
   file going to the lane of its directory (lanes assigned round-robin as directories first
-  appear), so a directory's files keep their order;
+  appear), so each thread reuses its directory fds;
 * on tmpfs the copy into memory is the cost and does not overlap: more threads only add
   hand-overs, so ``lanes=0`` writes on the extractor's thread itself.
 
@@ -31,7 +31,9 @@ from typing import Callable
 
 from cachebake.install.fsops import in_memory
 
-DISK_LANES = 2  # bench/install.md: 2 beat 1 and 3 on ext4 (2 CPUs); 0 was best on tmpfs
+# bench/install.md, ext4 with slow file creation: 3 lanes 314 ms, 2 lanes 396, 0 lanes 652 on
+# 16 CPUs; 2 and 3 equal on 2 CPUs.  0 was best on tmpfs, and on ext4 when creation is fast.
+DISK_LANES = 3
 MAX_OPEN_DIRS = 64  # per writer
 QUEUE_DEPTH = 8  # batches in flight per lane
 BATCH_ENTRIES = 64  # entries per hand-over: one lock round trip per batch, not per entry
