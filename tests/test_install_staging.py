@@ -138,14 +138,42 @@ def test_in_memory_agrees_with_mountinfo(path, tmp_path):
 
 
 def test_lanes_follow_the_filesystem(tmp_path):
-    """tmpfs: the extractor's thread writes (no lanes); a disk: DISK_LANES writer threads."""
+    """tmpfs: the extractor's thread writes (no lanes, no timing); a disk: it writes and times
+    the first files' creation before choosing."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and _fstype("/dev/shm") == "tmpfs" else None
-    for path, want in [(tmp_path, 0 if _fstype(tmp_path) in ("tmpfs", "ramfs") else staging.DISK_LANES),
-                       *([(shm, 0)] if shm else [])]:
+    for path in [tmp_path, *([shm] if shm else [])]:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             s = staging.Staging(fd, extract.LayerStats(), lambda _: None)
-            assert s.lanes == want
+            assert s.lanes == 0
+            assert (s._out.creations is None) == (_fstype(path) in ("tmpfs", "ramfs"))
             s.finish()
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("slow_create_s,fans_out", [(0.0, True), (1.0, False)])
+def test_slow_creation_hands_the_rest_to_lanes(layer, tmp_path, monkeypatch, slow_create_s, fans_out):
+    """On a disk, creations are timed on the extractor's thread in windows of PROBE_FILES;
+    when a window is over the threshold (0 here: the first) the rest go to writer threads,
+    under it (1 s: never) they stay.  Either way the whole layer is written."""
+    blob, limits, files = layer
+    monkeypatch.setattr(staging, "SLOW_CREATE_S", slow_create_s)
+    monkeypatch.setattr(staging, "PROBE_FILES", 4)
+    monkeypatch.setattr(staging, "in_memory", lambda fd: False)  # time creations on tmpfs too
+    chosen = []
+    real_choose = staging.Staging._choose
+
+    def choose(self):
+        real_choose(self)
+        chosen.append(self.lanes)
+    monkeypatch.setattr(staging.Staging, "_choose", choose)
+    threads = _staging_threads()
+    stats = _extract(blob, limits, tmp_path / "out", None)
+    if fans_out:  # at the end of the first window
+        assert chosen == [min(staging.DISK_LANES, len(os.sched_getaffinity(0)))]
+    else:  # at the end of every window
+        assert chosen == [0] * (len(files) // 4)
+    assert {n: data for n, (data, _) in _tree(tmp_path / "out").items()} == files
+    assert list(stats.inventory) == list(files)
+    assert _staging_threads() == threads

@@ -5,17 +5,23 @@ The extractor's thread parses and checks each entry (extract.py) and hands what 
 always relative to directory fds opened below the staging directory, so no path is resolved
 twice and nothing outside it can be reached.
 
-Where the files are written is a measured choice (bench/install.md, ``--lanes``):
+Where the files are written is a measured choice (bench/install.md, ``--lanes``), made again
+by each install from what its filesystem does:
 
 * directories are always made on the extractor's thread, before any file in them is handed
   on, so a file's directory exists whoever writes the file;
-* on a journaling disk, creating a file is often most of the cost (ext4 here: ~150 us of kernel
-  time a file, where tmpfs takes ~15 us), and threads creating files in different directories
-  overlap in the kernel (open/write/close release the GIL): ``lanes`` writer threads, each
-  file going to the lane of its directory (lanes assigned round-robin as directories first
-  appear), so each thread reuses its directory fds;
 * on tmpfs the copy into memory is the cost and does not overlap: more threads only add
-  hand-overs, so ``lanes=0`` writes on the extractor's thread itself.
+  hand-overs, so ``lanes=0`` writes on the extractor's thread itself;
+* on a disk, it depends on how long creating a file takes.  The same ext4 here took ~40 us one
+  run and ~140 us another (bench/install.md).  When it is slow, creation is most of the cost,
+  and threads creating files in different directories overlap in the kernel (open/write/close
+  release the GIL); when it is fast, threads only add hand-overs, as on tmpfs.  So the
+  extractor's thread writes files itself, timing each creation, and as soon as the median of
+  the last ``PROBE_FILES`` is over ``SLOW_CREATE_S`` the rest go to ``DISK_LANES`` writer
+  threads, each file to the lane of its directory (assigned round-robin as directories first
+  appear), so each thread reuses its directory fds.  The decision is not made once at the
+  start: the first creations on a disk are often fast and later ones slow (on the ext4 here,
+  ~15 us for the first 32 of a layer, ~200 us after some 40 MB were written).
 
 A file's data arrives as views into the decompressed chunks (no copy); entries go to a lane in
 batches (one lock round trip per batch), and each lane's queue bounds how many batches, so how
@@ -26,14 +32,19 @@ from __future__ import annotations
 
 import os
 import queue
+import statistics
 import threading
+import time
 from typing import Callable
 
 from cachebake.install.fsops import in_memory
 
 # bench/install.md, ext4 with slow file creation: 3 lanes 314 ms, 2 lanes 396, 0 lanes 652 on
-# 16 CPUs; 2 and 3 equal on 2 CPUs.  0 was best on tmpfs, and on ext4 when creation is fast.
+# 16 CPUs; 2 and 3 about equal on 2 CPUs.  0 was best on tmpfs, and on ext4 when creation is fast.
 DISK_LANES = 3
+PROBE_FILES = 32  # creations in each timed window
+SLOW_CREATE_S = 80e-6  # ext4 here: ~40 us a creation when fast, ~140 us when slow; tmpfs ~3 us
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_OPEN_DIRS = 64  # per writer
 QUEUE_DEPTH = 8  # batches in flight per lane
 BATCH_ENTRIES = 64  # entries per hand-over: one lock round trip per batch, not per entry
@@ -47,6 +58,7 @@ class StagingWriter:
 
     def __init__(self, root_fd: int):
         self.root_fd = root_fd
+        self.creations: list[float] | None = None  # a list: time each file's creation into it
         self._fds: dict[str, int] = {}
         self.umask = os.umask(0o022)
         os.umask(self.umask)
@@ -94,8 +106,13 @@ class StagingWriter:
     def write_file(self, path: str, mode: int, data: list[memoryview]) -> None:
         """Create ``path`` with ``data``."""
         parent, _, leaf = path.rpartition("/")
-        fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                     dir_fd=self._dir_fd(parent))
+        dir_fd = self._dir_fd(parent)
+        if self.creations is None:
+            fd = os.open(leaf, _FILE_FLAGS, mode, dir_fd=dir_fd)
+        else:
+            started = time.perf_counter()
+            fd = os.open(leaf, _FILE_FLAGS, mode, dir_fd=dir_fd)
+            self.creations.append(time.perf_counter() - started)
         try:
             if mode & self.umask:  # the umask dropped bits the server needs
                 os.fchmod(fd, mode)
@@ -181,16 +198,35 @@ class Staging:
     stops them after their current entry."""
 
     def __init__(self, root_fd: int, stats, checkpoint: Callable[[str], None], lanes: int | None = None):
-        """``lanes``: writer threads; None picks by ``root_fd``'s filesystem (module doc).
+        """``lanes``: writer threads; None lets the filesystem decide (module doc).
         ``stats.dirs`` gets each directory made, in order."""
-        if lanes is None:
-            lanes = 0 if in_memory(root_fd) else DISK_LANES
-        self.lanes = lanes
+        self.root_fd = root_fd
         self.stats = stats
         self.checkpoint = checkpoint
-        self._out = StagingWriter(root_fd)  # directories, and files when lanes == 0
-        self._lanes = [_Lane(root_fd, checkpoint, i) for i in range(lanes)]
+        self._out = StagingWriter(root_fd)  # directories, and files until lanes take them
+        self._lanes: list[_Lane] = []
         self._lane_of: dict[str, _Lane] = {}  # directory -> the lane writing its files
+        if lanes is None and not in_memory(root_fd):
+            self._out.creations = []  # write here, timing creations, until PROBE_FILES
+        elif lanes:
+            self._start_lanes(lanes)
+
+    @property
+    def lanes(self) -> int:
+        """Writer threads now (0: the extractor's thread writes)."""
+        return len(self._lanes)
+
+    def _start_lanes(self, count: int) -> None:
+        self._lanes = [_Lane(self.root_fd, self.checkpoint, i) for i in range(count)]
+
+    def _choose(self) -> None:
+        """After each PROBE_FILES timed creations: lanes from now on if creating a file has
+        become slow here; otherwise time the next window."""
+        if statistics.median(self._out.creations) > SLOW_CREATE_S:
+            self._out.creations = None
+            self._start_lanes(min(DISK_LANES, len(os.sched_getaffinity(0))))
+        else:
+            self._out.creations = []
 
     def mkdir(self, name: str) -> None:
         self._out.mkdir(name, self.stats.dirs)
@@ -201,6 +237,8 @@ class Staging:
         if not self._lanes:
             self._out.write_file(name, mode, data)
             self.checkpoint("entry")
+            if self._out.creations is not None and len(self._out.creations) >= PROBE_FILES:
+                self._choose()
             return
         parent = name.rpartition("/")[0]
         lane = self._lane_of.get(parent)
