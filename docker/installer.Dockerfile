@@ -7,7 +7,8 @@
 #
 # In a Pod (what `cachebake k8s --pattern init` writes):
 #   args: [install, docker://REGISTRY/bakes/MODEL:sm_90, --to, /cachebake, --serve-at,
-#          /var/cache/cachebake, --target, sm_90, --fingerprint, /cachebake-fingerprint/fingerprint.json]
+#          /var/cache/cachebake, --target, sm_90, --fingerprint, /cachebake-fingerprint/fingerprint.json,
+#          --no-sync]
 # With docker run, or without arguments, the entrypoint reads CACHEBAKE_* variables instead
 # (see cachebake-init.sh).
 ARG BASE=python:3.12-slim

@@ -6,8 +6,9 @@
      serving environment's fingerprint: Triton key, Python ABI, ptxas and the server's own
      environment variables, which an installer image cannot know;
   3. ``cachebake-install`` (installer image) runs ``cachebake install REF --to /cachebake
-     --serve-at ROOT --fingerprint ...``: the server mounts the volume at ROOT, so Triton's group
-     files are written for ROOT, not for the installer's mount path.
+     --serve-at ROOT --fingerprint ... --no-sync``: the server mounts the volume at ROOT, so
+     Triton's group files are written for ROOT, not for the installer's mount path; no sync,
+     because the emptyDir dies with the Pod and this container re-installs at every start.
   With ``--install-in-serving-image`` steps 1-2 go and the install itself runs in the serving
   image, whose preflight then reads the real environment directly; that image needs
   cachebake (and skopeo for a registry reference).  Every cachebake container runs as uid
