@@ -228,8 +228,8 @@ def members(reader: ChunkReader) -> Iterator[Header]:
     next iteration; this generator skips the padding to the block boundary itself.
 
     Runs once per entry on the extracting thread, the one that bounds an install
-    (bench/install.md): the octal fields' parse cache is read inline, the checks an entry of
-    ours passes come first and cheapest, and each refusal re-derives its message."""
+    (bench/install.md): the cache of parsed octal fields is read inline, and names the packer
+    writes (ASCII, no ustar prefix) take the short way; messages are made only on refusal."""
     pax: dict[str, str] | None = None
     seen = _seen_fields
     while True:
