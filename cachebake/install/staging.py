@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import queue
-import statistics
 import threading
 import time
 from typing import Callable
@@ -222,7 +221,8 @@ class Staging:
     def _choose(self) -> None:
         """After each PROBE_FILES timed creations: lanes from now on if creating a file has
         become slow here; otherwise time the next window."""
-        if statistics.median(self._out.creations) > SLOW_CREATE_S:
+        times = sorted(self._out.creations)  # the median, without importing statistics (~2 ms)
+        if times[len(times) // 2] > SLOW_CREATE_S:
             self._out.creations = None
             self._start_lanes(min(DISK_LANES, len(os.sched_getaffinity(0))))
         else:
