@@ -51,6 +51,13 @@ BATCH_BYTES = 1 << 20
 _STOP = None
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class StagingWriter:
     """Creates entries below ``root_fd`` (a fresh directory only we write to) through
     directory fds: O_NOFOLLOW and O_EXCL everywhere.  One per thread (its fd cache is its own)."""
@@ -224,7 +231,7 @@ class Staging:
         times = sorted(self._out.creations)  # the median, without importing statistics (~2 ms)
         if times[len(times) // 2] > SLOW_CREATE_S:
             self._out.creations = None
-            self._start_lanes(min(DISK_LANES, len(os.sched_getaffinity(0))))
+            self._start_lanes(min(DISK_LANES, usable_cpus()))
         else:
             self._out.creations = []
 
