@@ -34,9 +34,9 @@ class InvalidGroup(ValueError):
 # to escape.  ``_canonical_children`` accepts a group file only if it is byte for byte that, so
 # it accepts nothing the strict path below would refuse.
 _CANONICAL_HEAD, _CANONICAL_TAIL = b'{"child_paths": {', b"}}"
-_CANONICAL_CHILD = re.compile(rb'"([A-Za-z0-9_.+-]{1,255})": "([\x20\x21\x23-\x5b\x5d-\x7e]{0,4096})"')
+_CANONICAL_CHILD = re.compile(rb'"([A-Za-z0-9_.+-]{1,255})": "([\x20\x21\x23-\x5b\x5d-\x7e]{0,%d})"'
+                              % schema.MAX_STRING)
 _PLAIN_DIR = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e]+\Z")
-MAX_CHILDREN = 4096
 
 
 def _canonical_children(data: bytes) -> list[bytes] | None:
@@ -47,7 +47,7 @@ def _canonical_children(data: bytes) -> list[bytes] | None:
     if not (data.startswith(_CANONICAL_HEAD) and data.endswith(_CANONICAL_TAIL)):
         return None
     pairs = _CANONICAL_CHILD.findall(data)
-    if not pairs or len(pairs) > MAX_CHILDREN:
+    if not pairs or len(pairs) > schema.MAX_GROUP_CHILDREN:
         return None
     if data != _CANONICAL_HEAD + b", ".join(b'"%s": "%s"' % pair for pair in pairs) + _CANONICAL_TAIL:
         return None

@@ -43,6 +43,8 @@ CAP_GROUP_FILE = 1 * MiB  # Triton writes a few hundred bytes
 CAP_FINGERPRINT = 1 * MiB
 CAP_BLOB = 64 * MiB  # any other JSON blob an artifact carries (the compile record)
 MAX_DESCRIPTORS = 4096
+MAX_STRING = 4096  # characters of a string field, unless a check says otherwise
+MAX_GROUP_CHILDREN = 4096  # files one Triton group file may name
 MAX_LIST = 1_000_000
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -74,7 +76,7 @@ class Checker:
             return None
         return parent[key]
 
-    def string(self, value, field: str, *, pattern: re.Pattern | None = None, max_len: int = 4096,
+    def string(self, value, field: str, *, pattern: re.Pattern | None = None, max_len: int = MAX_STRING,
                allow_empty: bool = True) -> str:
         if not isinstance(value, str):
             self.fail(field, f"must be a string, not {_json_type(value)}")
@@ -315,8 +317,8 @@ def check_group(doc, document: str) -> dict[str, str]:
     c = Checker(document)
     c.obj(doc)
     children = c.obj(c.get(doc, "child_paths", ""), "child_paths")
-    if len(children) > 4096:
-        c.fail("child_paths", f"names {len(children)} children, over 4096")
+    if len(children) > MAX_GROUP_CHILDREN:
+        c.fail("child_paths", f"names {len(children)} children, over {MAX_GROUP_CHILDREN}")
     for name, path in children.items():
         c.string(path, f"child_paths.{name}")
     extra = set(doc) - {"child_paths"}

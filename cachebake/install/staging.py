@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable
 
-from cachebake.install.fsops import in_memory
+from cachebake.install.fsops import DIR_FLAGS, in_memory
 
 # bench/install.md, ext4 with slow file creation: 3 lanes 314 ms, 2 lanes 396, 0 lanes 652 on
 # 16 CPUs; 2 and 3 about equal on 2 CPUs.  0 was best on tmpfs, and on ext4 when creation is fast.
@@ -75,8 +75,7 @@ class StagingWriter:
         fd = self._fds.get(path)
         if fd is None:
             parent, _, leaf = path.rpartition("/")
-            fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=self._dir_fd(parent))
+            fd = os.open(leaf, DIR_FLAGS, dir_fd=self._dir_fd(parent))
             if len(self._fds) >= MAX_OPEN_DIRS:  # entries come sorted: old dirs are done
                 os.close(self._fds.pop(next(iter(self._fds))))
             self._fds[path] = fd
@@ -213,7 +212,7 @@ class Staging:
         self._lanes: list[_Lane] = []
         self._lane_of: dict[str, _Lane] = {}  # directory -> the lane writing its files
         if lanes is None and not in_memory(root_fd):
-            self._out.creations = []  # write here, timing creations, until PROBE_FILES
+            self._out.creations = []  # write here, timing creations in windows of PROBE_FILES
         elif lanes:
             self._start_lanes(lanes)
 
