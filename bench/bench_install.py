@@ -90,11 +90,11 @@ def main() -> None:
                     help="instead: time the extraction alone with 0-3 file-writer threads beside the "
                          "pipeline (what install/staging.py's choice rests on)")
     args = ap.parse_args()
+    workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     if args.phases or args.lanes:
-        for workdir in args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else []):
+        for workdir in workdirs:
             print(lanes(workdir, args.repeat, args.keep_trees) if args.lanes else phases(workdir, args.repeat))
         return
-    workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     lines = [
         "# Install benchmark",
@@ -257,14 +257,16 @@ def measure(workdir: str, repeat: int, with_cache_line: bool, keep_trees: bool =
             install_artifact(art, fresh(), fingerprint_file=str(fp))
 
         # The CLI as pip installs it, with compiled bytecode: from a checkout under
-        # PYTHONDONTWRITEBYTECODE every start would compile cachebake's modules again (~50 ms).
+        # PYTHONDONTWRITEBYTECODE every start would compile cachebake's modules again (~25 ms here).
         cli_env = installkit.env_with(PYTHONPYCACHEPREFIX=work / "pycache")
         cli_env.pop("PYTHONDONTWRITEBYTECODE", None)
 
+        def cli_install(to: Path) -> None:
+            subprocess.run([sys.executable, "-m", "cachebake.cli", "install", str(art), "--to", str(to),
+                            "--fingerprint", str(fp)], check=True, stdout=subprocess.DEVNULL, env=cli_env)
+
         def cli_ours():
-            subprocess.run([sys.executable, "-m", "cachebake.cli", "install", str(art), "--to",
-                            str(fresh()), "--fingerprint", str(fp)], check=True,
-                           stdout=subprocess.DEVNULL, env=cli_env)
+            cli_install(fresh())
 
         def plain():
             d = fresh()
@@ -287,9 +289,7 @@ def measure(workdir: str, repeat: int, with_cache_line: bool, keep_trees: bool =
             ("install_artifact() (in-process)", ours),
             ("install_artifact(sync=False): `install --no-sync`", ours_nosync),
             ("`cachebake install` CLI (incl. Python start)", cli_ours),
-            ("repeat install: already installed (CLI)", lambda: subprocess.run(
-                [sys.executable, "-m", "cachebake.cli", "install", str(art), "--to", str(work / "to0"),
-                 "--fingerprint", str(fp)], check=True, stdout=subprocess.DEVNULL, env=cli_env)),
+            ("repeat install: already installed (CLI)", lambda: cli_install(work / "to0")),
         ]
         # Interleaved rounds in a shuffled (seeded) order: this VM's disk and CPU speed drift,
         # every method should see the drift, and none should always follow the same neighbour.
