@@ -89,11 +89,17 @@ def main() -> None:
     ap.add_argument("--lanes", action="store_true",
                     help="instead: time the extraction alone with 0-3 file-writer threads beside the "
                          "pipeline (what install/staging.py's choice rests on)")
+    ap.add_argument("--parts", action="store_true",
+                    help="instead: time the extraction alone, then with each part install adds "
+                         "(group-file relocation, checkpoints, the digest-verified source), then install")
     args = ap.parse_args()
     workdirs = args.workdir or [tempfile.gettempdir()] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
-    if args.phases or args.lanes:
+    if args.phases or args.lanes or args.parts:
         for workdir in workdirs:
-            print(lanes(workdir, args.repeat, args.keep_trees) if args.lanes else phases(workdir, args.repeat))
+            if args.phases:
+                print(phases(workdir, args.repeat))
+            else:
+                print((lanes if args.lanes else parts)(workdir, args.repeat, args.keep_trees))
         return
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     lines = [
@@ -163,22 +169,24 @@ def phases(workdir: str, repeat: int) -> str:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
-    """extract_layer() into a fresh directory with 0 (the extracting thread writes), 1, 2 and 3
-    writer threads, and the pipeline, in shuffled rounds on one disk."""
+def extraction_rounds(workdir: str, repeat: int, keep_trees: bool, methods_for) -> str:
+    """The pipeline and the methods ``methods_for(ctx)`` returns, each writing into a fresh
+    directory, in shuffled rounds on one disk; medians and the per-round ratio to the pipeline.
+    ``ctx``: art, blob, fp (a fingerprint file), limits and fresh() (a new empty directory)."""
     import installkit
     import realistic_cache
     from badlayers import layer_blob
     from cachebake.artifact.oci import open_artifact
     from cachebake.install import extract
-    from cachebake.install.fsops import DIR_FLAGS
 
     work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
     try:
         art = installkit.pack(realistic_cache.build().parent, work / "artifact")
-        blob = layer_blob(art)
+        fp = work / "fp.json"
+        installkit.cli("fingerprint", "--target", "sm_90", "--out", fp, check=True)
         bake = open_artifact(art).select()
-        limits = extract.LayerLimits.from_manifest(bake.manifest, bake.layer_size, (str(work),))
+        # roots as long as an install's version dir, for the PATH_MAX budget
+        limits = extract.LayerLimits.from_manifest(bake.manifest, bake.layer_size, (f"{work}/{'0' * 60}",))
         n = iter(range(10**6))
 
         def fresh() -> Path:
@@ -186,19 +194,10 @@ def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
             d.mkdir()
             return d
 
-        def extraction(count):
-            def run():
-                fd = os.open(fresh(), DIR_FLAGS)
-                try:
-                    with open(blob, "rb") as f:
-                        extract.extract_layer(f, limits, fd, lanes=count)
-                finally:
-                    os.close(fd)
-            return run
-
-        methods = [("zstd -d | tar -x", lambda: subprocess.run(f"zstd -d -c {blob} | tar -x -C {fresh()}",
+        ctx = argparse.Namespace(art=art, blob=layer_blob(art), fp=fp, limits=limits, fresh=fresh)
+        methods = [("zstd -d | tar -x", lambda: subprocess.run(f"zstd -d -c {ctx.blob} | tar -x -C {fresh()}",
                                                                shell=True, check=True))]
-        methods += [(f"extract_layer(lanes={k})", extraction(k)) for k in range(4)]
+        methods += methods_for(ctx)
         spent: dict[str, list[float]] = {name: [] for name, _ in methods}
         rng = random.Random(0)
         memory = in_memory_dir(work)
@@ -212,11 +211,55 @@ def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
                 fn()
                 spent[name].append(time.perf_counter() - t)
         kind = "tmpfs/ramfs" if memory else "not in memory" + (", trees kept" if keep_trees else "")
-        return "\n".join(f"{workdir} ({kind}): {k}: median {statistics.median(v) * 1000:.0f} ms, "
-                         f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f} (n={len(v)})"
+        pipeline = spent["zstd -d | tar -x"]
+        return "\n".join(f"{workdir} ({kind}): {k}: median {statistics.median(v) * 1000:.1f} ms, "
+                         f"min {min(v) * 1000:.1f}, max {max(v) * 1000:.1f}, / pipeline "
+                         f"{statistics.median(a / b for a, b in zip(v, pipeline)):.2f}x (n={len(v)})"
                          for k, v in spent.items())
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _extract_into(ctx, lanes=None, transform=False, checkpoint=False, verified=False):
+    """extract_layer() of ctx's layer into a fresh directory, with the parts install adds."""
+    from cachebake.install import atomic, extract, relocate
+    from cachebake.install.fsops import DIR_FLAGS
+    from cachebake.install.source import open_source
+
+    source = open_source(str(ctx.art)) if verified else None
+    bake = source.select("sm_90") if verified else None
+
+    def run():
+        d = ctx.fresh()
+        fd = os.open(d, DIR_FLAGS)
+        try:
+            with (source.open_layer(bake) if verified else open(ctx.blob, "rb")) as f:
+                extract.extract_layer(f, ctx.limits, fd, relocate.group_rewriter(str(d)) if transform else None,
+                                      atomic.checkpoint if checkpoint else (lambda _: None), lanes=lanes)
+        finally:
+            os.close(fd)
+    return run
+
+
+def lanes(workdir: str, repeat: int, keep_trees: bool = False) -> str:
+    """extract_layer() with 0 (the extracting thread writes), 1, 2 and 3 writer threads."""
+    return extraction_rounds(workdir, repeat, keep_trees, lambda ctx: [
+        (f"extract_layer(lanes={k})", _extract_into(ctx, lanes=k)) for k in range(4)])
+
+
+def parts(workdir: str, repeat: int, keep_trees: bool = False) -> str:
+    """What install adds to the extraction, one part at a time, then all of install."""
+    from cachebake.install import install_artifact
+
+    return extraction_rounds(workdir, repeat, keep_trees, lambda ctx: [
+        ("extract_layer() alone", _extract_into(ctx)),
+        ("+ group-file relocation", _extract_into(ctx, transform=True)),
+        ("+ checkpoints", _extract_into(ctx, checkpoint=True)),
+        ("+ digest-verified source", _extract_into(ctx, verified=True)),
+        ("all three", _extract_into(ctx, transform=True, checkpoint=True, verified=True)),
+        ("install_artifact(sync=False)",
+         lambda: install_artifact(ctx.art, ctx.fresh() / "d", fingerprint_file=str(ctx.fp), sync=False)),
+    ])
 
 
 def measure(workdir: str, repeat: int, with_cache_line: bool, keep_trees: bool = False) -> list[str]:
