@@ -117,6 +117,17 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
     plan = preflight(driver, out=out, root=root, target=target, reuse_root=reuse_root,
                      roles=roles, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
                      until_stable=until_stable)
+    if driver.name == "command":  # the other drivers refuse in their preflight
+        from cachebake.toolchain import c_toolchain_problem
+
+        problem = c_toolchain_problem()
+        if problem:
+            note = (f"Triton cannot build its launcher helpers here ({problem}): a warmup that "
+                    "launches kernels will fail at its first launch")
+            if warn is not None:
+                warn(note)
+            else:
+                warnings.warn(note, stacklevel=2)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
     try:
         work.mkdir(parents=True, exist_ok=True)

@@ -51,15 +51,21 @@ NOBODY = 65534
 def as_nobody(argv: list[str], **kw) -> subprocess.CompletedProcess:
     """Run ``argv`` as uid/gid 65534 with setpriv, for tests of non-root behaviour.
 
-    Needs root, setpriv, and an interpreter whose files uid 65534 can read (.ci/run makes the
-    python prefix traversable); skips with the reason otherwise."""
+    Needs root, setpriv, and an interpreter whose files uid 65534 can reach (.ci/run makes its
+    venv from Debian's /usr/bin/python3); skips with the reason otherwise.  The probe execs the
+    interpreter from a process that already runs as 65534 (``env``): setpriv itself still holds
+    root's capabilities at its own exec, so an interpreter under a 0700 home would get through
+    that exec and then fail at the first one the test's own code makes."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv to run as another user")
     cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    probe = subprocess.run(cmd + [sys.executable, "-c", "import cachebake.cli, click, zstandard, triton"],
+    probe = subprocess.run(cmd + [shutil.which("env") or "/usr/bin/env", sys.executable, "-c",
+                                  "import cachebake.cli, click, zstandard, triton"],
                            capture_output=True, text=True, cwd="/")
     if probe.returncode != 0:
-        pytest.skip("uid 65534 cannot import cachebake with this interpreter: " + probe.stderr.strip().splitlines()[-1])
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        pytest.skip(f"uid {NOBODY} cannot run {sys.executable} and import cachebake with it "
+                    f"(an interpreter under a 0700 home?): {why}")
     kw.setdefault("capture_output", True)
     kw.setdefault("text", True)
     return subprocess.run(cmd + argv, **kw)

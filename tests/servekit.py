@@ -17,6 +17,28 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+_PUBLIC: list[Path] = []
+
+
+def reachable_tests() -> Path:
+    """A world-readable copy of the test helpers that server children import (aot.py and its
+    kind), made once per session: the checkout may sit under a 0700 home, where a child run
+    as uid 65534 could not import them.  Module names and sources are the same, so kernel keys
+    and records are the checkout's."""
+    if not _PUBLIC:
+        import atexit
+        import shutil
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="cachebake-tests-"))
+        d.chmod(0o755)
+        for f in TESTS.glob("*.py"):
+            if not f.name.startswith("test_"):
+                shutil.copy(f, d / f.name)
+                (d / f.name).chmod(0o644)
+        atexit.register(shutil.rmtree, d, True)
+        _PUBLIC.append(d)
+    return _PUBLIC[0]
 
 _CHILD = r"""
 import hashlib, json, os, sys
@@ -43,7 +65,7 @@ print(json.dumps(out))
 
 
 def child_code(specs, no_listener=False, replace_listener=False) -> str:
-    return _CHILD.format(paths=[str(REPO), str(TESTS)], specs=json.dumps(specs),
+    return _CHILD.format(paths=[str(REPO), str(reachable_tests())], specs=json.dumps(specs),
                          no_listener=no_listener, replace_listener=replace_listener)
 
 
@@ -56,7 +78,7 @@ def serve_env(base: os.PathLike | str, overlay: os.PathLike | str | None = None,
     env["TRITON_CACHE_DIR"] = str(base)
     if overlay is not None:
         env.update(overlay_env(overlay))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(reachable_tests())])
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -210,7 +210,8 @@ def _image_tree(art: Path, dest: Path) -> Path:
     with layout.open_layer(layout.select("sm_90")) as layer, \
             zstandard.ZstdDecompressor().stream_reader(layer) as raw, \
             tarfile.open(fileobj=raw, mode="r|") as tar:
-        tar.extractall(dest, filter="data")
+        # Python >= 3.11.4 warns without a filter; Debian 12's 3.11.2 has no such argument.
+        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return dest
 
 

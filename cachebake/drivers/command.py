@@ -38,9 +38,11 @@ DRIVER_FUNCTIONS: dict[str, str] = {
 }
 # What each driver needs on this machine: requirement names (see _REQUIREMENTS) and a GPU.
 DRIVER_NEEDS: dict[str, tuple[str, ...]] = {
-    "kernels": ("triton", "torch", "vllm-mamba-ops", "gpu"),
-    "vllm": ("triton", "vllm", "gpu"),
+    "kernels": ("triton", "torch", "vllm-mamba-ops", "gpu", "c-compiler"),
+    "vllm": ("triton", "vllm", "gpu", "c-compiler"),
 }
+# What the machine must have rather than the interpreter: never what picks the default driver.
+MACHINE_NEEDS = ("gpu", "c-compiler")
 # The file a driver's round writes beside the monitor's log, merged into the bake section.
 # The record each driver leaves beside the monitor's log, merged into the manifest's bake
 # section (vllm: model identity and path, the exact serve args, the limits vLLM resolved, the
@@ -57,6 +59,7 @@ INSTALL_HINTS = {
     "vllm": "vLLM (pip install vllm)",
     "vllm-mamba-ops": "vLLM's Mamba2 ops (pip install vllm, or bench/vllm_ops/make_vllm_ops.py)",
     "gpu": "a visible GPU (nvidia-smi and NVML found none)",
+    "c-compiler": "a C toolchain for Triton's launcher helpers",
 }
 
 
@@ -73,6 +76,10 @@ def _package_dir(name: str) -> Path | None:
 
 
 def _has(requirement: str) -> bool:
+    if requirement == "c-compiler":
+        from cachebake.toolchain import c_toolchain_problem
+
+        return c_toolchain_problem() is None
     if requirement == "gpu":
         from cachebake.artifact.fingerprint import visible_gpu
 
@@ -96,13 +103,22 @@ def default_driver() -> str:
     are (its GPU check comes in preflight), else one line naming what to install."""
     if not missing("vllm"):
         return "vllm"
-    if not [r for r in missing("kernels") if r != "gpu"]:
+    if not [r for r in missing("kernels") if r not in MACHINE_NEEDS]:
         return "kernels"
-    lacking = sorted(set(missing("vllm")) | set(missing("kernels")), key=list(INSTALL_HINTS).index)
+    lacking = sorted((set(missing("vllm")) | set(missing("kernels"))) - {"c-compiler"},
+                     key=list(INSTALL_HINTS).index)
     raise Unsupported(
         f"no bake driver can run here (missing: {', '.join(INSTALL_HINTS[r].split(' (')[0] for r in lacking)}): "
         "install vLLM (pip install vllm; it brings torch and its Mamba2 ops) where a GPU is "
         "visible, or give the warmup command after --")
+
+
+def _hint(requirement: str) -> str:
+    if requirement == "c-compiler":
+        from cachebake.toolchain import c_toolchain_problem
+
+        return f"{INSTALL_HINTS[requirement]} ({c_toolchain_problem()})"
+    return INSTALL_HINTS.get(requirement, requirement)
 
 
 @dataclass
@@ -126,9 +142,21 @@ class CommandDriver:
 
     def preflight(self) -> None:
         exe = self.argv[0]
-        if shutil.which(exe) is None:
-            raise BadInput(f"cannot run {exe!r}: no such command"
-                           + ("" if os.sep in exe else " on PATH"))
+        if shutil.which(exe) is not None:
+            return
+        if os.sep in exe:
+            try:
+                os.stat(exe)
+                reachable = os.access(exe, os.X_OK)
+            except FileNotFoundError:
+                raise BadInput(f"cannot run {exe!r}: no such command") from None
+            except OSError:  # EACCES on the way: a directory this uid cannot search
+                reachable = False
+            if not reachable:
+                raise BadInput(f"cannot run {exe!r}: it is not executable by uid {os.geteuid()} "
+                               "(the file, or a directory on its path such as a 0700 home, is "
+                               "out of that user's reach)")
+        raise BadInput(f"cannot run {exe!r}: no such command" + ("" if os.sep in exe else " on PATH"))
 
     def recorded(self, work_dir: Path) -> dict:
         return {}
@@ -169,7 +197,7 @@ class InProcessDriver:
         lacking = missing(self.name)
         if lacking:
             raise Unsupported(f"--driver {self.name} cannot run here: it needs "
-                              + "; ".join(INSTALL_HINTS.get(r, r) for r in lacking))
+                              + "; ".join(_hint(r) for r in lacking))
 
     def recorded(self, work_dir: Path) -> dict:
         name = DRIVER_RECORDS.get(self.name)

@@ -163,9 +163,14 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     from cachebake.artifact.fingerprint import GPUTargetSpec
     from cachebake.replay import worker
 
+    from cachebake.toolchain import c_toolchain_problem
+
     spec_t = GPUTargetSpec.parse(target)
     if spec_t.backend != "cuda":
         raise Unsupported(f"replay compiles for CUDA targets only (asked for {spec_t.key})")
+    problem = c_toolchain_problem()
+    if problem:
+        raise Unsupported(f"replay builds Triton's launcher helpers with a C compiler: {problem}")
     target = spec_t.key
     jobs = max(1, jobs or os.cpu_count() or 1)
     t0 = time.monotonic()
