@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import subprocess
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import servekit  # noqa: E402
+
+# Every process imports the test kernels from one place (servekit.kernels_dir), this one too.
+sys.path.insert(0, str(servekit.kernels_dir()))
 
 import aot  # noqa: E402
 

@@ -17,28 +17,47 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-_PUBLIC: list[Path] = []
+# The test modules that define kernels (or import them from their own dir), and so must be
+# imported from one place by every process of a session.
+KERNEL_MODULES = ("aot.py", "aot_kernels.py", "replay_kernels.py", "compile_worker_job.py",
+                  "jit_launch.py")
+_KERNELS: list[Path] = []
 
 
-def reachable_tests() -> Path:
-    """A world-readable copy of the test helpers that server children import (aot.py and its
-    kind), made once per session: the checkout may sit under a 0700 home, where a child run
-    as uid 65534 could not import them.  Module names and sources are the same, so kernel keys
-    and records are the checkout's."""
-    if not _PUBLIC:
-        import atexit
-        import shutil
-        import tempfile
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a uid that owns nothing here can reach ``path``'s files: every directory on the
+    way searchable (o+x) and the kernel modules readable (o+r)."""
+    import stat
 
-        d = Path(tempfile.mkdtemp(prefix="cachebake-tests-"))
-        d.chmod(0o755)
-        for f in TESTS.glob("*.py"):
-            if not f.name.startswith("test_"):
-                shutil.copy(f, d / f.name)
-                (d / f.name).chmod(0o644)
-        atexit.register(shutil.rmtree, d, True)
-        _PUBLIC.append(d)
-    return _PUBLIC[0]
+    for d in [path, *path.parents]:
+        if not d.stat().st_mode & stat.S_IXOTH:
+            return False
+    return all((path / m).stat().st_mode & stat.S_IROTH for m in KERNEL_MODULES)
+
+
+def kernels_dir() -> Path:
+    """Where every process of this test session imports the test kernels (aot.py and its kind)
+    from: the checkout's tests/ where uid 65534 can read it, else a world-readable copy made
+    once per session (the checkout may sit under a 0700 home, and the as-nobody tests start
+    children as uid 65534).  One place for all: the key of a kernel holds no path, but its
+    cubin's line info does, so a kernel imported from two places compiles to other bytes."""
+    if not _KERNELS:
+        if _reachable_by_others(TESTS):
+            _KERNELS.append(TESTS)
+        else:
+            import atexit
+            import shutil
+            import tempfile
+
+            d = Path(tempfile.mkdtemp(prefix="cachebake-test-kernels-"))
+            d.chmod(0o755)
+            for name in KERNEL_MODULES:
+                shutil.copy(TESTS / name, d / name)
+                (d / name).chmod(0o644)
+            atexit.register(shutil.rmtree, d, True)
+            _KERNELS.append(d)
+    return _KERNELS[0]
+
 
 _CHILD = r"""
 import hashlib, json, os, sys
@@ -65,7 +84,7 @@ print(json.dumps(out))
 
 
 def child_code(specs, no_listener=False, replace_listener=False) -> str:
-    return _CHILD.format(paths=[str(REPO), str(reachable_tests())], specs=json.dumps(specs),
+    return _CHILD.format(paths=[str(REPO), str(kernels_dir())], specs=json.dumps(specs),
                          no_listener=no_listener, replace_listener=replace_listener)
 
 
@@ -78,7 +97,7 @@ def serve_env(base: os.PathLike | str, overlay: os.PathLike | str | None = None,
     env["TRITON_CACHE_DIR"] = str(base)
     if overlay is not None:
         env.update(overlay_env(overlay))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(reachable_tests())])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(kernels_dir())])
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

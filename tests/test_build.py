@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+import servekit
 from click.testing import CliRunner
 
 from cachebake.build import preflight
@@ -18,8 +20,8 @@ from cachebake.errors import BadInput, ExitCode
 
 from test_rounds import runs, warmup_cmd
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parent.parent
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 
 
 @pytest.fixture(autouse=True)

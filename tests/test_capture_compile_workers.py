@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
+import servekit
+
 from cachebake.capture.env import AUTOLOAD_DIR
 from cachebake.capture.events import read_events
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parent.parent
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 VLLM_PYTHON = os.environ.get("CACHEBAKE_VLLM_PYTHON", "")
 
 PROBE_THEN_COMPILE = f"""

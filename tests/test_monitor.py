@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import servekit
 import triton
 
 from cachebake.capture import monitor
@@ -15,8 +17,8 @@ from cachebake.capture.events import EventSummary, read_events
 
 import aot
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parent.parent
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 
 
 @pytest.fixture(autouse=True)

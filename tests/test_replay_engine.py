@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 
+import servekit
+
 from cachebake.errors import Unsupported
 from cachebake.replay.engine import compile_record, load_record, replay
 from cachebake.replay.recorder import load_record_log
 
 pytestmark = pytest.mark.slow  # real compiles in subprocesses: ~1 min on 2 cores
 
-TESTS = Path(__file__).parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parent.parent
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 
 _CHILD = r"""
 import json, os, sys

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+import servekit
+
 from cachebake.capture.env import bake_env
 from cachebake.drivers.command import CommandDriver, InProcessDriver
 from cachebake.errors import BadInput, CommandFailed, ExitCode, NotStable
 from cachebake.rounds import run_rounds
 
-TESTS = Path(__file__).resolve().parent
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 
 # A warmup that compiles add_kernel at BLOCK = 16 << min(runs so far, LIMIT): with LIMIT 0 it
 # compiles in round 1 only, with LIMIT 1 in rounds 1 and 2, with a large LIMIT every round.

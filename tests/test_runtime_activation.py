@@ -90,7 +90,7 @@ def test_verify_read_only_cache_as_nobody(public_tmp):
     the kernel listed), not a PermissionError (exit 9), and the cache is left byte-identical."""
     root = public_tmp / "root"
     script = public_tmp / "warmup.py"
-    script.write_text(WARMUP.format(tests=str(servekit.reachable_tests())))
+    script.write_text(WARMUP.format(tests=str(servekit.kernels_dir())))
     env = {**servekit.serve_env(root / "triton"), "TRITON_CACHE_AUTOTUNING": "1"}
     import subprocess
 

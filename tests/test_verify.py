@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import servekit
 from click.testing import CliRunner
 
 from cachebake.capture.env import bake_env
@@ -14,7 +16,7 @@ from cachebake.errors import BadInput, CommandFailed, CompilesSeen, ExitCode
 from cachebake.rounds import run_rounds
 from cachebake.verify import verify
 
-TESTS = Path(__file__).resolve().parent
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 
 WARMUP = f"""
 import sys
