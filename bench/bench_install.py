@@ -128,6 +128,7 @@ def phases(workdir: str, repeat: int) -> str:
     import installkit
     import realistic_cache
     from badlayers import layer_blob
+
     from cachebake.install import atomic, extract, install_artifact
 
     spent: dict[str, list[float]] = {}
@@ -176,6 +177,7 @@ def extraction_rounds(workdir: str, repeat: int, keep_trees: bool, methods_for) 
     import installkit
     import realistic_cache
     from badlayers import layer_blob
+
     from cachebake.artifact.oci import open_artifact
     from cachebake.install import extract
 
@@ -222,9 +224,9 @@ def extraction_rounds(workdir: str, repeat: int, keep_trees: bool, methods_for) 
 
 def _extract_into(ctx, lanes=None, transform=False, checkpoint=False, verified=False):
     """extract_layer() of ctx's layer into a fresh directory, with the parts install adds."""
+    from cachebake.artifact.reader import open_source
     from cachebake.install import atomic, extract, relocate
     from cachebake.install.fsops import DIR_FLAGS
-    from cachebake.install.source import open_source
 
     source = open_source(str(ctx.art)) if verified else None
     bake = source.select("sm_90") if verified else None
@@ -264,6 +266,7 @@ def parts(workdir: str, repeat: int, keep_trees: bool = False) -> str:
 
 def measure(workdir: str, repeat: int, with_cache_line: bool, keep_trees: bool = False) -> list[str]:
     import installkit
+
     from cachebake.install import install_artifact
     work = Path(tempfile.mkdtemp(prefix="cachebake-bench-", dir=workdir))
     memory = in_memory_dir(work)

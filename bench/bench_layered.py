@@ -9,7 +9,7 @@ TRITON_CACHE_MANAGER on every call), on a realistic cache (bench/realistic_cache
 sm_90 compiles) installed as install leaves it, with an (empty) overlay configured:
 
 - ``triton``: TRITON_CACHE_MANAGER unset, Triton's FileCacheManager;
-- ``layered``: TRITON_CACHE_MANAGER=cachebake.runtime.layered:LayeredCacheManager.
+- ``layered``: TRITON_CACHE_MANAGER=cachebake.serve.layered:LayeredCacheManager.
 
 Rounds alternate between the two (ABAB...), so drift of the machine hits both alike.
 
@@ -39,7 +39,7 @@ get_cache_manager call (a mkdir that fails with EEXIST, then a stat), and get_gr
 group file before opening it; the layered manager only opens the group file and stats each
 child (which Triton does too), and builds paths by concatenation.  Triton resolves
 TRITON_CACHE_MANAGER on every call (getenv, import_module, an MRO scan: ~4 us); importing
-cachebake.runtime.layered stores the class in the knob, which skips that (before that change
+cachebake.serve.layered stores the class in the knob, which skips that (before that change
 this benchmark measured a median ratio of 1.03, pairs up to 1.22).  The VM is shared with other
 jobs: single rounds vary by 2x, so read the interleaved medians."""
 
@@ -80,9 +80,8 @@ def prepare(cache_src: Path) -> tuple[Path, list[tuple[str, str, str]]]:
 
 def time_calls(calls, passes: int) -> float:
     """Seconds per call, over ``passes`` passes of every call."""
-    from triton.runtime.cache import get_cache_manager
-
     from triton import knobs
+    from triton.runtime.cache import get_cache_manager
 
     expected = knobs.cache.manager_class  # None: Triton's FileCacheManager
     hits = 0
@@ -113,7 +112,8 @@ def main() -> None:
     os.environ["CACHEBAKE_OVERLAY_DIR"] = str(WORK / "overlay")
     from triton import knobs
 
-    from cachebake.runtime import MANAGER_CLASS, layered
+    from cachebake.roles import MANAGER_CLASS
+    from cachebake.serve import layered
 
     def use(mode: str) -> None:
         """As a process started with (layered) or without (triton) the variable would be."""

@@ -63,8 +63,8 @@ def run(ops: str, arch: int, cache: Path, **env) -> list[tuple[str, bool]]:
 
 def main(ops: str, work: Path) -> None:
     sys.path[:0] = [ops, str(REPO), str(REPO / "tests")]
+    from cachebake.capture.recorder import load_record_log
     from cachebake.replay.engine import compile_record
-    from cachebake.replay.recorder import load_record_log
 
     run(ops, 90, work / "recorded", RECORD_LOG=work / "events.jsonl")
     record = load_record_log(work / "events.record.jsonl")

@@ -90,7 +90,7 @@ def child_code(specs, no_listener=False, replace_listener=False) -> str:
 
 def serve_env(base: os.PathLike | str, overlay: os.PathLike | str | None = None, **extra) -> dict:
     """The environment install --overlay hands a server (plus PYTHONPATH for the checkout)."""
-    from cachebake.runtime import overlay_env
+    from cachebake.roles import overlay_env
 
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TRITON_", "CACHEBAKE_", "POD_", "NODE_NAME"))}

@@ -10,15 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import aot
 import pytest
 from click.testing import CliRunner
+from conftest import NOBODY, as_nobody, tool
 
-import aot
 from cachebake.artifact.oci import open_artifact
 from cachebake.artifact.pack import pack_artifact, parse_root
 from cachebake.cli import main
 from cachebake.errors import BadInput, ExitCode
-from conftest import NOBODY, as_nobody, tool
 
 LAYER_ROOT = "/var/cache/cachebake"
 
@@ -247,7 +247,7 @@ def test_inspect_json_and_text(triton_cache, tmp_path):
 
 def test_unknown_target_is_a_clear_error():
     with pytest.raises(BadInput, match="unrecognised GPU target"):
-        from cachebake.artifact.fingerprint import GPUTargetSpec
+        from cachebake.gpu import GPUTargetSpec
         GPUTargetSpec.parse("h200")
 
 
@@ -309,7 +309,7 @@ def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path, monke
 
     from rich.console import Console
 
-    from cachebake.progress import PackProgress
+    from cachebake.cli.progress import PackProgress
 
     assert PackProgress(Console(file=io.StringIO(), force_terminal=False)).factory is None
     monkeypatch.setenv("TERM", "dumb")
@@ -330,8 +330,8 @@ def test_a_bake_whose_events_hold_infinities_installs_and_inspects(triton_cache,
     events logged before the monitor wrote them as strings still do.  What pack writes is
     strict JSON all the same (they become "inf"), so inspect and install read it; on the
     H200 (2026-11-30) such an artifact was refused by both until this."""
-    from cachebake.artifact.schema import parse_json
     from cachebake.install import install_artifact
+    from cachebake.jsonio import parse_json
 
     bake = {"events": [{"kind": "compile", "constexprs": {"dt_max": float("inf"), "MASK_VALUE": float("-inf")}}],
             "seconds": float("nan")}

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.errors import CorruptArtifact, InvalidDocument, Unsupported
 
@@ -17,7 +18,7 @@ def test_reads_only_regular_files_and_never_blocks_on_a_fifo(tmp_path):
 
     def read():
         with pytest.raises(InvalidDocument, match="not a regular file \\(a FIFO\\)"):
-            schema.read_document(fifo, "index.json", 1024)
+            jsonio.read_document(fifo, "index.json", 1024)
         done.set()
 
     t = threading.Thread(target=read, daemon=True)
@@ -26,9 +27,9 @@ def test_reads_only_regular_files_and_never_blocks_on_a_fifo(tmp_path):
     os.symlink(tmp_path / "elsewhere", tmp_path / "link")
     (tmp_path / "elsewhere").write_text("{}")
     with pytest.raises(InvalidDocument, match="symbolic link"):
-        schema.read_document(tmp_path / "link", "d", 1024)
+        jsonio.read_document(tmp_path / "link", "d", 1024)
     with pytest.raises(CorruptArtifact, match="is missing"):
-        schema.read_document(tmp_path / "absent", "d", 1024)
+        jsonio.read_document(tmp_path / "absent", "d", 1024)
 
 
 def test_size_cap_is_checked_before_reading(tmp_path):
@@ -36,7 +37,7 @@ def test_size_cap_is_checked_before_reading(tmp_path):
     with open(big, "wb") as f:
         f.truncate(1 << 40)  # sparse: refused from fstat, never read
     with pytest.raises(InvalidDocument, match="over the 4096"):
-        schema.read_document(big, "d", 4096)
+        jsonio.read_document(big, "d", 4096)
 
 
 @pytest.mark.parametrize("text,reason", [
@@ -49,10 +50,10 @@ def test_size_cap_is_checked_before_reading(tmp_path):
 ])
 def test_strict_parsing(text, reason):
     if reason is None:
-        assert schema.parse_json(text, "d")["a"].startswith("[")
+        assert jsonio.parse_json(text, "d")["a"].startswith("[")
         return
     with pytest.raises(InvalidDocument, match=reason):
-        schema.parse_json(text, "d")
+        jsonio.parse_json(text, "d")
 
 
 def test_integer_fields_refuse_booleans_and_floats():

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import servekit
 
 from cachebake.capture.env import AUTOLOAD_DIR

@@ -168,8 +168,8 @@ def test_step_label_env_name():
 def test_a_plan_file_reaches_the_driver(tmp_path):
     import json
 
-    from cachebake.drivers.command import make_driver
     from cachebake.drivers.kernels import load_plan
+    from cachebake.drivers.registry import make_driver
 
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"cachebake": 1, "command": "plan", "plan": _default("zamba2")}))

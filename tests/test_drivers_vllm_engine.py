@@ -13,16 +13,17 @@ import pytest
 from click.testing import CliRunner
 
 from cachebake.cli import main
-from cachebake.drivers.vllm_args import (parse_serve_args, serve_args_to_flags, serve_command,
-                                         validate_serve_args)
 from cachebake.drivers.vllm_engine import (OFFLINE_ENV, bake_environment, bake_record,
                                            engine_kwargs, generate_at_once, run_round,
                                            write_model_dir)
-from cachebake.drivers.vllm_plan import (SAMPLING_KINDS, TOPP_KERNEL_ROWS, EngineLimits, decode_sizes,
-                                         default_capture_sizes, limits_from_serve_args,
-                                         plan_digest, plan_requests, token_ids)
+from cachebake.drivers.vllm_plan import (SAMPLING_KINDS, TOPP_KERNEL_ROWS, EngineLimits,
+                                         decode_sizes, default_capture_sizes,
+                                         limits_from_serve_args, plan_digest, plan_requests,
+                                         token_ids)
 from cachebake.errors import BadInput, CommandFailed, ExitCode
 from cachebake.recipes import list_recipes, load_recipe
+from cachebake.serve.command import serve_command
+from cachebake.serveargs import parse_serve_args, serve_args_to_flags, validate_serve_args
 
 RECIPES = list_recipes()
 

@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from installkit import cli, compile_kernels
-from test_artifact_torch_paths import BACKBONE, CONTAINER, OLD, excerpt, moved, read_container, relocate_all
-
 import torchpickle
+from installkit import cli, compile_kernels
+from test_artifact_torch_paths import (BACKBONE, CONTAINER, OLD, excerpt, moved, read_container,
+                                       relocate_all)
+
 from cachebake.artifact.pack import CacheRoot, pack_artifact
 from cachebake.install.atomic import InstallDir
 
@@ -118,7 +118,7 @@ def test_unknown_root_leaves_the_role_out_and_triton_still_hits(tmp_path, triton
     assert again["status"] == "already installed" and again["left_out"] == report["left_out"]
     assert again["roles"] == ["triton"]
 
-    from cachebake.verify import VerifyReport
+    from cachebake.bake.verify import VerifyReport
     v = VerifyReport(cache=str(to), roles=["triton"], round=None,
                      left_out=InstallDir(to).installed()["left_out"])
     assert v.warnings() == [f"the vllm role was left out at install ({report['left_out']['vllm']}): "

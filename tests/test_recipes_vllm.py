@@ -16,10 +16,11 @@ import os
 
 import pytest
 
-from cachebake.drivers.vllm_args import serve_args_to_flags
 from cachebake.drivers.vllm_engine import engine_kwargs, write_model_dir
-from cachebake.drivers.vllm_plan import default_capture_sizes, limits_from_vllm_config, plan_requests
+from cachebake.drivers.vllm_plan import (default_capture_sizes, limits_from_vllm_config,
+                                         plan_requests)
 from cachebake.recipes import list_recipes, load_recipe
+from cachebake.serveargs import serve_args_to_flags
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -21,12 +21,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 import servekit
 
+from cachebake.capture.recorder import load_record_log
 from cachebake.errors import Unsupported
 from cachebake.replay.engine import compile_record, load_record, replay
-from cachebake.replay.recorder import load_record_log
 
 pytestmark = pytest.mark.slow  # real compiles in subprocesses: ~1 min on 2 cores
 

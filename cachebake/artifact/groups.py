@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 
+from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.errors import InvalidDocument
 
@@ -74,7 +75,7 @@ def _relocated_strict(data: bytes, key_dir: str, keep: set[str] | None) -> bytes
     # Bounded and strict like every document of an artifact (cachebake.artifact.schema): no
     # duplicate keys, no deep nesting, {"child_paths": {name: path}} and nothing else.
     try:
-        grp = schema.parse_json(data, "group file")
+        grp = jsonio.parse_json(data, "group file")
         children = schema.check_group(grp, "group file")
     except InvalidDocument as e:
         raise InvalidGroup(f"is not valid Triton group JSON ({e.field or 'top level'}: {e.reason})",

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from cachebake import jsonio
 from cachebake.artifact import schema
-from cachebake.artifact.schema import FORMAT_VERSION
 from cachebake.artifact.groups import GROUP_PREFIX
+from cachebake.artifact.schema import FORMAT_VERSION
 from cachebake.artifact.snapshot import BINARY_SUFFIXES, Snapshot
 
 __all__ = ["FORMAT_VERSION", "BakeManifest", "LayerFacts", "Inventory", "build_inventory"]
@@ -86,7 +87,7 @@ class BakeManifest:
     inventory: Inventory
     bake: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
-    # The compile record (cachebake.replay.record): an OCI descriptor (mediaType, digest, size)
+    # The compile record (cachebake.capture.record): an OCI descriptor (mediaType, digest, size)
     # of its own blob in the layout, or None for bakes packed without one.
     record: dict | None = None
 
@@ -94,7 +95,7 @@ class BakeManifest:
         return asdict(self)
 
     def to_json(self) -> str:
-        return schema.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return jsonio.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data, document: str = "bake manifest") -> "BakeManifest":

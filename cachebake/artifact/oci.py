@@ -21,10 +21,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachebake.artifact.fingerprint import GPUTargetSpec
+from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.artifact.manifest import FORMAT_VERSION, BakeManifest
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, Unsupported
+from cachebake.gpu import GPUTargetSpec
+from cachebake.jsonio import canonical_json
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -38,10 +40,6 @@ REF_NAME = "org.opencontainers.image.ref.name"
 ANN_UNVERIFIED = "dev.cachebake.unverified-on-target"
 SUMMARY_FILE = "cachebake.json"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-def canonical_json(obj) -> bytes:
-    return schema.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
 def sha256_digest(data: bytes) -> str:
@@ -87,7 +85,7 @@ def add_image(layout: Path, bake: BakeManifest) -> dict:
     target = GPUTargetSpec.parse(bake.target)
     annotations = {
         ANN_TARGET: bake.target,
-        ANN_FINGERPRINT: schema.dumps(bake.fingerprint, sort_keys=True, separators=(",", ":")),
+        ANN_FINGERPRINT: jsonio.dumps(bake.fingerprint, sort_keys=True, separators=(",", ":")),
         "org.opencontainers.image.title": f"cachebake {target.ref_name}",
         "org.opencontainers.image.description": "Triton/vLLM kernel cache baked by cachebake",
     }
@@ -124,7 +122,7 @@ def write_index(layout: Path, entries: list[dict], bakes: dict[str, dict]) -> No
     index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": entries}
     (layout / "index.json").write_bytes(canonical_json(index))
     summary = {"format_version": FORMAT_VERSION, "bakes": dict(sorted(bakes.items()))}
-    (layout / SUMMARY_FILE).write_text(schema.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (layout / SUMMARY_FILE).write_text(jsonio.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -147,7 +145,7 @@ class VerifyingReader:
     @classmethod
     def open(cls, path: Path, digest: str, size: int, document: str = "") -> "VerifyingReader":
         """A local blob: a regular file, opened without following a link or blocking on a FIFO."""
-        fd = schema.open_regular(path, document or f"blob {digest[:19]}")
+        fd = jsonio.open_regular(path, document or f"blob {digest[:19]}")
         return cls(os.fdopen(fd, "rb", buffering=0), digest, size)
 
     def read(self, n: int = -1) -> bytes:
@@ -207,9 +205,9 @@ class Artifact:
     def __init__(self, layout: Path):
         self.layout = layout
         try:
-            marker = schema.load_document(layout / "oci-layout", "oci-layout", schema.CAP_LAYOUT_MARKER,
+            marker = jsonio.load_document(layout / "oci-layout", "oci-layout", schema.CAP_LAYOUT_MARKER,
                                           missing=None)
-            index = schema.load_document(layout / "index.json", "index.json", schema.CAP_INDEX, missing=None)
+            index = jsonio.load_document(layout / "index.json", "index.json", schema.CAP_INDEX, missing=None)
         except FileNotFoundError:
             raise BadInput(f"{layout}: not an OCI image layout (no oci-layout / index.json)") from None
         schema.check_layout_marker(marker)
@@ -249,12 +247,12 @@ class Artifact:
         document = document or f"blob {digest[:19]}"
         if size > cap:
             raise InvalidDocument(document, "", f"is declared {size} bytes, over the {cap} this reader accepts")
-        data = schema.read_document(blob_path(self.layout, digest), document, cap)
+        data = jsonio.read_document(blob_path(self.layout, digest), document, cap)
         if len(data) != size:
             raise CorruptArtifact(f"blob {digest[:19]} is {len(data)} bytes, {size} declared")
         if sha256_digest(data) != digest:
             raise CorruptArtifact(f"blob {digest[:19]} does not match its digest (corrupted or tampered)")
-        return schema.parse_json(data, document)
+        return jsonio.parse_json(data, document)
 
     def select(self, target: str | None = None) -> BakeRef:
         """The bake for ``target`` (``sm_90``/``cuda:90``), or the only one if None."""
@@ -280,7 +278,7 @@ class Artifact:
         label_doc = f"{doc} label {LABEL_MANIFEST}"
         if not isinstance(label, str):
             raise InvalidDocument(doc, f"config.Labels.{LABEL_MANIFEST}", "must be a string")
-        bake = BakeManifest.from_dict(schema.parse_json(label, label_doc), label_doc)
+        bake = BakeManifest.from_dict(jsonio.parse_json(label, label_doc), label_doc)
         layer = manifest["layers"][0]
         if layer["digest"] != bake.layer.digest or layer["size"] != bake.layer.size:
             raise CorruptArtifact(f"image for {key}: layer descriptor disagrees with the cachebake manifest")

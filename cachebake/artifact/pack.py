@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachebake.artifact import oci
-from cachebake.artifact.fingerprint import GPUTargetSpec, current_fingerprint
+from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
 from cachebake.artifact.manifest import BakeManifest, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
 from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
+from cachebake.gpu import GPUTargetSpec
 
 __all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport"]
 
@@ -107,9 +108,9 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
                   prune_ir: bool = False, record=None, fingerprint_from: dict | None = None,
                   progress: Callable[[int, int], Callable[[int], None]] | None = None) -> PackReport:
     """Pack ``roots`` into ``out``.  ``progress(files, total_bytes)`` returns a per-file
-    callback (bytes written); cachebake.progress has one for terminals.
+    callback (bytes written); cachebake.cli.progress has one for terminals.
 
-    ``record``: a cachebake.replay.record.CompileRecord to carry as its own blob.
+    ``record``: a cachebake.capture.record.CompileRecord to carry as its own blob.
     ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
     when this machine is not it (replay: torch/vllm versions, GPU name of the source bake; a
     fold-back of serve-time misses keeps its base bake's)."""

@@ -5,7 +5,7 @@ passed here: ``oci-layout``, ``index.json``, the image manifest, the image confi
 manifest in its ``dev.cachebake.manifest`` label, ``cachebake.json``, and Triton's group files
 inside the layer (install's own ``install.json`` marker reuses the same reader).
 
-Reading, parsing and writing are cachebake.artifact.jsondoc's (bounded reads of regular
+Reading, parsing and writing are cachebake.jsonio's (bounded reads of regular
 files, strict JSON both ways); its functions are re-exported here, where every caller that
 checks a document already looks.
 
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import re
 
-from cachebake.artifact.jsondoc import (MAX_NESTING, dumps, load_document, open_regular,  # noqa: F401
-                                        parse_json, read_document, strict_json)
 from cachebake.errors import InvalidDocument, Unsupported
 from cachebake.roles import ROLE_ENV
 

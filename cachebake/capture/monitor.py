@@ -181,7 +181,7 @@ def _install_listener() -> None:
     stores the program's listener, which ours then calls after recording the event."""
     from triton import knobs
 
-    from cachebake.replay.recorder import on_compile as record_compile
+    from cachebake.capture.recorder import on_compile as record_compile
 
     comp = knobs.compilation
     if getattr(type(comp), "_cachebake", False):
@@ -235,9 +235,9 @@ def _install_listener() -> None:
 
 
 def _install_record() -> None:
-    """The compile record (cachebake.replay.recorder) and, when a cross-target bake asked for
-    it, Triton compiling for that target (cachebake.replay.cross)."""
-    from cachebake.replay import cross, recorder
+    """The compile record (cachebake.capture.recorder) and, when a cross-target bake asked for
+    it, Triton compiling for that target (cachebake.capture.cross)."""
+    from cachebake.capture import cross, recorder
 
     recorder.install(lambda: _state.log_path)
     cross.activate_from_env()

@@ -18,7 +18,7 @@
 ``image-volume`` (Kubernetes >= 1.35, ``volumes[].image``): the pushed bake image itself is
   mounted read-only at ROOT (``cachebake push`` writes the cache tree at the image's root, its
   group files written for the bake root: ROOT must be that root).  A read-only cache cannot
-  take a kernel the bake missed; the serve-time layered cache manager (cachebake.runtime) sends
+  take a kernel the bake missed; the serve-time layered cache manager (cachebake.serve) sends
   misses to a writable overlay: this pattern mounts an emptyDir for it and sets the variables
   it reads.  The ``vllm`` role cannot be read-only at all: Inductor writes into
   ``VLLM_CACHE_ROOT`` every time it loads a compiled graph (README, "Moving a vLLM bake").  So
@@ -44,8 +44,7 @@ import json
 from dataclasses import dataclass, field
 
 from cachebake.errors import BadInput, Unsupported
-from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, role_dir, serving_env
-from cachebake.runtime import overlay_env
+from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, overlay_env, role_dir, serving_env
 
 PATTERNS = ("init", "image-volume")
 KINDS = ("deployment", "pod")
@@ -87,7 +86,7 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str]) -> list[
         return list(cmd)
     if not model:
         return []
-    from cachebake.drivers.vllm_args import BAKE_ONLY, resolve, serve_args_to_flags
+    from cachebake.serveargs import BAKE_ONLY, resolve, serve_args_to_flags
 
     _, args, model_dir = resolve(model)
     return ["vllm", "serve", model_dir,
@@ -189,8 +188,8 @@ def _writable_vllm_role(plan: PodPlan, server: dict, volumes: list[dict]) -> lis
 
 def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     """The Pod spec for ``plan`` and notes for the operator (things the spec cannot say)."""
-    from cachebake.artifact.fingerprint import GPUTargetSpec
     from cachebake.distribute.registry import is_reference, parse_reference
+    from cachebake.gpu import GPUTargetSpec
 
     notes: list[str] = []
     if plan.pattern not in PATTERNS:

@@ -193,8 +193,8 @@ def push_artifact(artifact: os.PathLike | str, reference: str, *, target: str | 
                   options: RegistryOptions | None = None) -> PushReport:
     """Push the artifact's bake(s) as OCI images: every target to ``REPO:<ref name>`` when
     ``reference`` has no tag, else the one bake (``target``, or the only one) to that tag."""
-    from cachebake.artifact.fingerprint import GPUTargetSpec
     from cachebake.artifact.oci import open_artifact
+    from cachebake.gpu import GPUTargetSpec
 
     options = options or RegistryOptions()
     ref = parse_reference(reference)
@@ -235,7 +235,8 @@ def push_artifact(artifact: os.PathLike | str, reference: str, *, target: str | 
 def tag_for(target: str | None, fingerprint_file: str | None) -> str:
     """The tag a reference without one means: the ref name of ``target``, else of the serving
     fingerprint's target, else of the visible GPU."""
-    from cachebake.artifact.fingerprint import Fingerprint, GPUTargetSpec, resolve_target
+    from cachebake.artifact.fingerprint import Fingerprint
+    from cachebake.gpu import GPUTargetSpec, resolve_target
 
     if target:
         return GPUTargetSpec.parse(target).ref_name

@@ -44,7 +44,7 @@ RECORD_NAME = "kernels-bake.json"
 
 def resolve_model(model: str, tp: int | None = None, serve_args=None):
     """(recipe, final serve args) as every driver resolves them (``vllm_args.resolve``)."""
-    from cachebake.drivers.vllm_args import resolve
+    from cachebake.serveargs import resolve
 
     recipe, args, _ = resolve(model, tp, serve_args=serve_args)
     return recipe, args

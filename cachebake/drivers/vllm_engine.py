@@ -10,7 +10,7 @@ use: the model path string enters torch.compile's cache key, so it is recorded i
 vLLM's startup runs its own warmups (profile run, JIT warmup registry, CUDA graph capture); then
 the plan from ``vllm_plan.plan_requests`` drives what only traffic reaches.  Each round is one
 fresh process, so in-memory caches never hide a disk miss: ``run_warmup`` is the round body that
-``cachebake build --driver vllm`` starts (``drivers.command``), under the compile monitor, until
+``cachebake build --driver vllm`` starts (``drivers.registry``), under the compile monitor, until
 a round compiles nothing; ``run_round`` runs one round as a child process on its own
 (``python -m cachebake.drivers.vllm_engine SPEC REPORT``).
 
@@ -59,14 +59,13 @@ from pathlib import Path
 from typing import Any
 
 from cachebake.capture.env import MONITOR_LOG_ENV
-from cachebake.drivers.vllm_args import (BAKE_ONLY, default_model_dir, parse_serve_args, resolve,
-                                         serve_args_to_flags, serve_command, validate_serve_args)
 from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
                                          limits_from_vllm_config, plan_digest, plan_requests,
                                          plan_summary)
 from cachebake.errors import BadInput, CommandFailed
 from cachebake.recipes import Recipe
 from cachebake.roles import ROLE_ENV
+from cachebake.serveargs import BAKE_ONLY, resolve, serve_args_to_flags, validate_serve_args
 
 # What every vLLM bake process runs with besides the pinned cache roots: no network, no telemetry.
 OFFLINE_ENV = {
@@ -315,7 +314,7 @@ def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
                serve_args: dict[str, Any] | str | None = None, model_dir: str | None = None,
                report: str | None = None) -> VllmRoundReport:
     """One round in this process: the entry point of ``--driver vllm`` rounds
-    (``cachebake.drivers.command``'s in-process driver runs it inside the bake env).
+    (``cachebake.drivers.registry``'s in-process driver runs it inside the bake env).
 
     ``model``: a recipe (``name[:variant]``), a model dir or a config.json.  Serve args: the
     recipe's defaults, updated by ``serve_args`` (dict, JSON or ``vllm serve`` flags); ``tp``
@@ -351,10 +350,9 @@ def child_main(spec_path: str, report_path: str) -> int:
     return 0
 
 
-__all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "default_model_dir",
-           "engine_kwargs", "generate_at_once", "limits_from_serve_args", "parse_serve_args", "plan_requests",
-           "plan_summary", "run_round", "run_warmup", "serve_args_to_flags", "serve_command",
-           "validate_serve_args", "write_model_dir"]
+__all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "engine_kwargs",
+           "generate_at_once", "limits_from_serve_args", "plan_requests", "plan_summary", "run_round",
+           "run_warmup", "write_model_dir"]
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:

@@ -31,12 +31,12 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from cachebake.artifact.reader import open_source
 from cachebake.errors import Interrupted
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
 from cachebake.install.fsops import rmtree_at
-from cachebake.install.source import open_source
 from cachebake.roles import ROLE_ENV, serving_env
-from cachebake.runtime import serving_overlay_env as runtime_env
+from cachebake.roles import serving_overlay_env as runtime_env
 
 LOCK_TIMEOUT_S = 600.0
 
@@ -78,7 +78,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      overlay: str | os.PathLike | None = None,
                      artifact_name: str | None = None, sync: bool = True) -> InstallReport:
     """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
-    env then turns on the layered cache manager and its miss log (cachebake.runtime).
+    env then turns on the layered cache manager and its miss log (cachebake.serve).
     ``artifact_name``: what the report and install.json call the artifact when ``artifact`` is
     a stand-in for it (a registry install's private temp layout: its reference instead).
     ``sync`` False: skip the syncfs and fsyncs that make the new tree durable before the

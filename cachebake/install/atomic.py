@@ -54,11 +54,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from cachebake.artifact import schema
+from cachebake import jsonio
 from cachebake.errors import BadInput, Locked, from_os_error
-from cachebake.install.inventory import MARKER, check_marker, check_tree
 from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
                                      rmtree_at, sync_tree)
+from cachebake.install.inventory import MARKER, check_marker, check_tree
 from cachebake.roles import ROLE_ENV
 
 STATE = ".cachebake"
@@ -274,7 +274,7 @@ class InstallDir:
             return None, version, [f"{STATE}/versions/{version} is missing"]
         try:
             try:
-                marker = schema.parse_json(schema.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
+                marker = jsonio.parse_json(jsonio.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
                                            MARKER)
                 check_marker(marker)
                 self._roles_by_version[version] = [r for r in marker["roles"] if r in ROLE_ENV]
@@ -535,7 +535,7 @@ class InstallDir:
         if vfd is None:
             return []
         try:
-            marker = schema.parse_json(schema.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd), MARKER)
+            marker = jsonio.parse_json(jsonio.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd), MARKER)
             return [r for r in marker.get("roles", []) if r in ROLE_ENV]
         except Exception:  # noqa: BLE001 - an unreadable marker backs no role
             return []

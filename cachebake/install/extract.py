@@ -237,7 +237,7 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
                   checkpoint: Callable[[str], None] = lambda _: None, lanes: int | None = None) -> LayerStats:
     """Read, check and (``staging_fd`` given) write the whole layer in one pass.
 
-    ``compressed``: the layer blob as a stream (install/source.py's ``open_layer``): read once,
+    ``compressed``: the layer blob as a stream (artifact/reader.py's ``open_layer``): read once,
     front to back; it must raise CorruptArtifact at its end if the bytes were not the declared
     blob.  ``staging_fd``: an empty directory we own; None checks the layer without writing
     (``install --check-only``).  On any refusal the caller removes the staging directory.

@@ -9,6 +9,7 @@ passes.
 
 from __future__ import annotations
 
+from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.artifact.fingerprint import Fingerprint, compare_fingerprints, current_fingerprint
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, PreflightMismatch
@@ -23,7 +24,7 @@ def load_serving_fingerprint(fingerprint_file: str | None, target: str | None) -
         return current_fingerprint(target)
     name = f"fingerprint file {fingerprint_file}"
     try:
-        data = schema.load_document(fingerprint_file, name, schema.CAP_FINGERPRINT, missing=BadInput)
+        data = jsonio.load_document(fingerprint_file, name, schema.CAP_FINGERPRINT, missing=BadInput)
         if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict):
             data = data["fingerprint"]
         c = schema.Checker(name)

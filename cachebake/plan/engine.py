@@ -186,7 +186,7 @@ def _engine_config(hf_config: dict[str, Any], serve_args: dict[str, Any], model_
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from cachebake.drivers.vllm_args import BAKE_ONLY, serve_args_to_flags, validate_serve_args
+    from cachebake.serveargs import BAKE_ONLY, serve_args_to_flags, validate_serve_args
 
     validate_serve_args(serve_args)
     with open(os.path.join(model_dir, "config.json"), "w") as f:

@@ -53,10 +53,10 @@ def make_plan_report(model: str, tp: int | None, serve_args, gpu: str | None,
                      stored_only: bool = False) -> PlanReport:
     """Compute the plan with vllm when it imports (and say whether the stored one equals it);
     without vllm, or with ``stored_only``, return the stored plan of exactly these args."""
-    from cachebake.drivers.vllm_args import resolve
     from cachebake.errors import Unsupported
     from cachebake.plan import gpu_target
     from cachebake.plan.store import plan_file, stored_plan
+    from cachebake.serveargs import resolve
 
     recipe, args, _ = resolve(model, tp, serve_args=serve_args)
     stored = stored_plan(recipe, args, gpu)

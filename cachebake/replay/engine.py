@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from cachebake.capture.record import RECORD_MEDIA_TYPE, AutotuneSpec, CompileRecord, CompileSpec
 from cachebake.errors import BadInput, Unsupported
-from cachebake.replay.record import RECORD_MEDIA_TYPE, AutotuneSpec, CompileRecord, CompileSpec
 
 
 @dataclass
@@ -66,7 +66,7 @@ def load_record(source: os.PathLike | str) -> LoadedRecord:
     except OSError as e:
         raise BadInput(f"{path}: {e.strerror}") from None
     if path.name.endswith(".jsonl"):
-        from cachebake.replay.recorder import load_record_log
+        from cachebake.capture.recorder import load_record_log
 
         return LoadedRecord(load_record_log(path), str(path))
     return LoadedRecord(CompileRecord.from_json(data), str(path))
@@ -160,9 +160,8 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
                    progress: Callable[[str], None] | None = None) -> CompileResult:
     """Compile ``record`` for ``target`` into ``cache_dir`` (a Triton cache dir) in ``jobs``
     worker processes.  Problems are collected in the result, not raised."""
-    from cachebake.artifact.fingerprint import GPUTargetSpec
+    from cachebake.gpu import GPUTargetSpec
     from cachebake.replay import worker
-
     from cachebake.toolchain import c_toolchain_problem
 
     spec_t = GPUTargetSpec.parse(target)
@@ -180,7 +179,7 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     env = dict(p.compiles[0].env_vars) if p.compiles else {}
     cache_dir = os.path.abspath(os.fspath(cache_dir))
     os.makedirs(cache_dir, exist_ok=True)
-    from cachebake.replay.recorder import triton_build
+    from cachebake.capture.recorder import triton_build
 
     same_build = record.triton_key is not None and record.triton_key == triton_build()["triton_key"]
     res.same_triton_build = same_build

@@ -1,0 +1,171 @@
+"""``cachebake build``: check everything, run a warmup under the compile monitor until the
+caches stop growing, then pack what the rounds filled.
+
+Order matters to a user who waits minutes per round: every check that can fail runs before
+round 1 (``preflight``): the driver's packages and GPU, the GPU target, ``--out`` (not in the
+way, writable), ``--root`` (writable, and empty unless ``--reuse-root``: an earlier bake's
+kernels would silently end up in this artifact), the round options.  Then the rounds
+(cachebake.bake.rounds) until enough consecutive quiet rounds prove the fixed point, then pack
+(cachebake.artifact.pack) with the bake section: what ran, the env, every round, and what the
+driver recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachebake.artifact.pack import CacheRoot, PackReport, check_out, check_writable, pack_artifact
+from cachebake.bake.rounds import (DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS, Driver, RoundProgress,
+                                   Rounds, check_round_options, run_rounds)
+from cachebake.capture.env import ALL_ROLES, InvalidatingEnvWarning, bake_env
+from cachebake.errors import BadInput, CommandFailed, Interrupted
+from cachebake.gpu import GPUTargetSpec, visible_gpu
+
+
+@dataclass
+class BuildPlan:
+    """What preflight settled: where the artifact goes, where the bake runs, for which GPU."""
+
+    out: Path
+    root: Path
+    target: str  # "cuda:90"
+
+
+@dataclass
+class BuildReport:
+    plan: BuildPlan
+    rounds: Rounds
+    bake: dict  # the manifest's bake section
+    pack: PackReport
+
+    @property
+    def stable(self) -> bool:
+        return self.rounds.stable
+
+    def to_dict(self) -> dict:
+        return {"status": self.pack.status, "out": str(self.plan.out), "target": self.pack.target,
+                "targets": self.pack.targets, "manifest_digest": self.pack.manifest_digest,
+                "layer_digest": self.pack.layer_digest, "layer_size": self.pack.manifest.layer.size,
+                "root": str(self.plan.root), "stable": self.stable, "rounds": len(self.rounds.rounds),
+                "record": self.pack.manifest.record, "bake": self.bake}
+
+
+def _bake_target(target: str | None) -> str:
+    """``--target``, else the visible GPU.  A ``--target`` other than the visible GPU's makes a
+    cross-target bake (cachebake.bake.seed: Triton compiles for it, launches are skipped)."""
+    if target:
+        return GPUTargetSpec.parse(target).key
+    seen = visible_gpu()
+    if seen is None:
+        raise BadInput("no GPU is visible here: pass --target, the GPU the warmup compiles for "
+                       "(e.g. --target sm_90)")
+    return seen[0].key
+
+
+def _check_root(root: os.PathLike | str, roles: tuple[str, ...], reuse_root: bool) -> Path:
+    root = Path(os.path.abspath(os.fspath(root)))
+    check_writable(root, "--root")
+    used = []
+    for role in roles:
+        d = root / role
+        try:
+            if d.exists() and not d.is_dir():
+                raise BadInput(f"--root {root}: {d} is not a directory")
+            n = len(os.listdir(d)) if d.is_dir() else 0
+        except OSError as e:
+            raise BadInput(f"--root {root}: cannot read {d}: {e.strerror}") from None
+        if n:
+            used.append(f"{role}/ {n} entries")
+    if used and not reuse_root:
+        raise BadInput(f"--root {root} already holds caches ({', '.join(used)}) that would be "
+                       "packed into this artifact: remove them, give an empty --root, or pass "
+                       "--reuse-root to bake on top of them")
+    return root
+
+
+def preflight(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str,
+              target: str | None = None, reuse_root: bool = False,
+              roles: tuple[str, ...] = ALL_ROLES, max_rounds: int = DEFAULT_MAX_ROUNDS,
+              quiet_rounds: int = DEFAULT_QUIET_ROUNDS, until_stable: bool = True) -> BuildPlan:
+    """Every check ``build`` can make before round 1; raises the first failure."""
+    check_round_options(max_rounds, quiet_rounds, until_stable)
+    driver.preflight()
+    return BuildPlan(out=check_out(out), root=_check_root(root, roles, reuse_root),
+                     target=_bake_target(target))
+
+
+def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None,
+          target: str | None = None, max_rounds: int = DEFAULT_MAX_ROUNDS,
+          quiet_rounds: int = DEFAULT_QUIET_ROUNDS, until_stable: bool = True,
+          reuse_root: bool = False, allow_invalidating: bool = False,
+          work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
+          seed=None, jobs: int | None = None, gpu_name: str | None = None, retune: bool = False,
+          warn: Callable[[str], None] | None = None, layer_root: str | None = None,
+          prune_ir: bool = False, pack_progress=None) -> BuildReport:
+    """The whole of ``cachebake build``: preflight, rounds to the fixed point, pack.
+
+    ``layer_root`` defaults to the bake root (group files then already point where a server
+    using the same root finds them).  A temp work dir (no ``work_dir``) is removed at the end,
+    whatever happens."""
+    roles = tuple(roles) if roles else ALL_ROLES
+    plan = preflight(driver, out=out, root=root, target=target, reuse_root=reuse_root,
+                     roles=roles, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                     until_stable=until_stable)
+    if driver.name == "command":  # the other drivers refuse in their preflight
+        from cachebake.toolchain import c_toolchain_problem
+
+        problem = c_toolchain_problem()
+        if problem:
+            note = (f"Triton cannot build its launcher helpers here ({problem}): a warmup that "
+                    "launches kernels will fail at its first launch")
+            if warn is not None:
+                warn(note)
+            else:
+                warnings.warn(note, stacklevel=2)
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # shown once, below, through ``warn``
+            warnings.simplefilter("ignore", InvalidatingEnvWarning)
+            benv = bake_env(plan.root, roles, monitor_log=work / "events.jsonl",
+                            allow_invalidating=allow_invalidating)
+        for note in benv.warnings:
+            if warn is not None:
+                warn(note)
+            else:
+                warnings.warn(note, InvalidatingEnvWarning, stacklevel=2)
+        from cachebake.bake.seed import prepare_bake  # seed, cross-target, this bake's record
+
+        prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name,
+                            retune=retune)
+        try:
+            rounds = run_rounds(driver, benv, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                                until_stable=until_stable, work_dir=work,
+                                keep_logs=work_dir is not None, progress=progress)
+        except KeyboardInterrupt:
+            raise Interrupted(f"the bake was stopped; nothing was packed and {plan.out} is as it "
+                              f"was; the caches under {plan.root} keep what the rounds compiled "
+                              "(--reuse-root continues from them)") from None
+        cache_roots = [CacheRoot(role, Path(d)) for role, d in benv.role_dirs().items()
+                       if os.path.isdir(d) and any(os.scandir(d))]
+        if not cache_roots:
+            raise CommandFailed(f"the warmup left every cache under {plan.root} empty: "
+                                "nothing to bake (does it use Triton at all?)")
+        bake = {**driver.describe(), "env": benv.to_dict(), **rounds.to_dict(),
+                # what the driver recorded (the vllm driver: model path, the exact serve args,
+                # the limits vLLM resolved, the request plan): `serve-args` and `inspect` read it
+                **driver.recorded(work)}
+        record = prep.finish(bake)  # this bake's compile record; notes seed/cross-target in bake
+        packed = pack_artifact(cache_roots, plan.out, target=plan.target, bake=bake,
+                               layer_root=layer_root or str(plan.root), prune_ir=prune_ir,
+                               record=record, progress=pack_progress)
+        return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed)
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)

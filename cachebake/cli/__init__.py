@@ -1,0 +1,14 @@
+"""The ``cachebake`` command line: one module per command family, thin on top of the rooms.
+
+``app`` holds the click group and the one error boundary; each family module registers its
+commands on it when imported (below).  Every command builds a report and hands it to
+``output(as_json).emit(report, render=...)``: rich text for people (``render``), one JSON
+envelope for scripts (``output``); option values are converted and refused at parse time
+(``params``); progress goes to stderr (``progress``).
+"""
+
+from cachebake.cli import (artifact, bake, distribute, install, recipes, replay,  # noqa: F401,E402
+                           serve)
+from cachebake.cli.app import main
+
+__all__ = ["main"]

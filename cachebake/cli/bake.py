@@ -1,0 +1,139 @@
+"""``cachebake`` build and verify: run warmup rounds under the compile monitor, to bake or to check a bake."""
+
+from __future__ import annotations
+
+import click
+
+from cachebake.bake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
+from cachebake.cli.app import JSON_OPTION, main, output
+from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT, SERVE_ARGS
+
+_DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve args), kernels "
+                "(vLLM's Mamba2 Triton ops at the model's shapes), or command (the CMD after --). "
+                "Default: -- CMD if given, else vllm where vLLM and a GPU are, else kernels where "
+                "torch and vLLM's ops are.")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--model", help="Recipe name (see `cachebake recipes`) or model directory.")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]), help=_DRIVER_HELP)
+@click.option("--tp", type=POSITIVE_INT, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", type=SERVE_ARGS, default=None,
+              help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
+@click.option("--model-dir", "model_dir", type=click.Path(), default=None,
+              help="vllm driver: where the model config goes; use the path the server will use.")
+@click.option("--out", type=click.Path(), default=None,
+              help="Artifact directory to write (default: ./cachebake-MODEL).")
+@click.option("--root", default=None, type=click.Path(),
+              help="Cache root to bake in; serve from the same path (default /var/cache/cachebake). "
+                   "Must be empty unless --reuse-root.")
+@click.option("--reuse-root", is_flag=True,
+              help="Bake on top of the caches already under --root (they are packed too).")
+@click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
+@click.option("--until-stable/--no-until-stable", default=True, show_default=True,
+              help="Run rounds until --quiet-rounds rounds in a row compile nothing (exit 10 if "
+                   "--max-rounds run out first); --no-until-stable runs exactly one round.")
+@click.option("--quiet-rounds", type=POSITIVE_INT, default=DEFAULT_QUIET_ROUNDS, show_default=True,
+              help="Consecutive rounds without a compile, autotune or helper build that make a "
+                   "bake stable (recorded in the manifest).")
+@click.option("--max-rounds", type=POSITIVE_INT, default=DEFAULT_MAX_ROUNDS, show_default=True,
+              help="Give up (exit 10) when the bake is not stable after this many rounds.")
+@click.option("--work-dir", type=click.Path(file_okay=False),
+              help="Keep round logs and events here (default: a temp dir, removed at the end).")
+@click.option("--allow-env", is_flag=True,
+              help="Cache-invalidating variables are set on purpose: record them without warning.")
+@click.option("--layer-root", type=ABSOLUTE_PATH,
+              help="Absolute path the server mounts the cache at (default: the bake root).")
+@click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx from the layer.")
+@click.option("--plan", "plan_file", type=click.Path(exists=True, dir_okay=False),
+              help="--driver kernels: an engine plan file (`cachebake plan --json`), for a "
+                   "builder without vLLM whose serve args have no stored plan.")
+@click.option("--seed", type=click.Path(exists=True), help="An artifact or record: precompile its launches before round 1.")
+@click.option("--jobs", type=POSITIVE_INT, default=None, help="Processes for --seed (default: all cores).")
+@click.option("--retune", is_flag=True, help="--seed: do not carry its autotune results (benchmark afresh).")
+@click.option("--gpu-name", help="Cross-target bake: the target GPU's name, for vLLM's per-GPU config tables.")
+@click.option("--image", help="Run the bake inside this (serving) image through the Docker API, "
+              "so its fingerprint is the image's (needs cachebake in the image, the docker extra).")
+@click.option("--gpus", default="all", show_default=True,
+              help="With --image: GPUs to request (all, a count, device=0,1, none).")
+@JSON_OPTION
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
+          quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, plan_file, seed, jobs,
+          retune, gpu_name, image, gpus, as_json, cmd):
+    """Check everything, run a warmup under the compile monitor until rounds stop compiling,
+    then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
+    from cachebake.drivers.registry import default_out
+
+    if image:
+        if seed or jobs or retune or gpu_name or plan_file:
+            from cachebake.errors import BadInput
+
+            raise BadInput("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
+        _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
+                        model=model, driver=driver, tp=tp, serve_args=serve_args,
+                        model_dir=model_dir, target=target, until_stable=until_stable,
+                        quiet_rounds=quiet_rounds, max_rounds=max_rounds, reuse_root=reuse_root,
+                        allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
+                        as_json=as_json, cmd=cmd)
+        return
+    from cachebake.bake.build import build as run_build
+    from cachebake.cli.progress import PackProgress, RoundProgress
+    from cachebake.cli.render import render_build
+    from cachebake.drivers.registry import make_driver
+    from cachebake.roles import DEFAULT_ROOT
+
+    out_ = output(as_json)
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
+                      plan=plan_file)
+    with PackProgress() as bar:
+        report = run_build(drv, out=out or default_out(model), root=root or DEFAULT_ROOT,
+                           target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                           until_stable=until_stable, reuse_root=reuse_root,
+                           allow_invalidating=allow_env, work_dir=work_dir,
+                           progress=RoundProgress(verb="bake"), warn=out_.warn,
+                           layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
+                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune)
+    out_.emit(report, render=render_build)
+
+
+def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
+    """``build --image``: the same bake, run by the cachebake inside ``image``."""
+    from cachebake.distribute.image import build_args, plan_bake_in_image, run_bake_in_image
+    from cachebake.errors import BadInput
+    from cachebake.roles import DEFAULT_ROOT
+
+    if work_dir:
+        raise BadInput("--work-dir does not apply with --image (logs stay next to --out on failure)")
+    plan = plan_bake_in_image(image, build_args(**build_options), out=out,
+                              root=str(root or DEFAULT_ROOT), gpus=gpus)
+    run_bake_in_image(plan)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--cache", required=True, type=click.Path(),
+              help="An installed cache root (the --to DIR of install).")
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]), help=_DRIVER_HELP)
+@click.option("--tp", type=POSITIVE_INT, default=None, help="Tensor-parallel size (default: the recipe's).")
+@click.option("--serve-args", "serve_args", type=SERVE_ARGS, default=None,
+              help="As for build: the bake's serving arguments.")
+@click.option("--model-dir", "model_dir", type=click.Path(), default=None, help="As for build.")
+@click.option("--work-dir", type=click.Path(file_okay=False),
+              help="Keep the round log and events here (default: a temp dir, removed at the end).")
+@JSON_OPTION
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, cmd):
+    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
+    from cachebake.bake.verify import verify as run_verify
+    from cachebake.cli.progress import RoundProgress
+    from cachebake.cli.render import render_verify
+    from cachebake.drivers.registry import make_driver
+
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
+    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
+    out = output(as_json)
+    for line in report.warnings():
+        out.warn(line)
+    out.emit(report, render=render_verify)
+    report.check()

@@ -1,0 +1,230 @@
+"""Text views of the command reports, for people (``Output.emit(report, render=...)``).
+
+Reports are plain dataclasses built elsewhere; nothing here computes anything.  Digests are
+printed in full (they are what people paste into other tools), and a value that was not
+recorded prints as ``-``, never ``None``.  Tables fold their cells to the terminal's width.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _text(value) -> str:
+    if value is None or value == "" or value == {} or value == []:
+        return "-"
+    return str(value)
+
+
+class _Fields:
+    """``label  value`` lines, printed without folding: digests and paths stay whole on one
+    line (what people copy), the terminal wraps them if it must."""
+
+    def __init__(self, title: str | None = None):
+        self.title = title
+        self.rows: list[tuple[str, str]] = []
+
+    def add_row(self, label: str, value: str) -> None:
+        self.rows.append((label, value))
+
+    def print(self, console: Console) -> None:
+        if self.title:
+            console.print(f"[bold]{escape(self.title)}[/]")
+        width = max((len(k) for k, _ in self.rows), default=0)
+        for label, value in self.rows:
+            console.print(f"  {label:<{width}}  {escape(value)}", soft_wrap=True)
+
+
+def _long(value, keep: int = 40) -> str:
+    """A long non-digest value (Triton's key is ~1.3 kB): its start and its length."""
+    text = _text(value)
+    return text if len(text) <= keep + 20 else f"{text[:keep]}... ({len(text)} chars; --json has it all)"
+
+
+# ---------------------------------------------------------------------------- pack / inspect
+
+def render_bake(ref, console: Console, record: dict | None = None) -> None:
+    m = ref.manifest
+    fp = m.fingerprint
+    t = _Fields(f"bake {m.target}")
+    t.add_row("image manifest", _text(ref.manifest_digest or None))
+    t.add_row("layer", f"{m.layer.digest}  {m.layer.media_type}")
+    raw = m.layer.uncompressed_size
+    t.add_row("size", f"{_mb(m.layer.size)} compressed / {_mb(raw)} raw"
+              f" ({100 * m.layer.size / max(raw, 1):.1f}%), {m.layer.files} files, "
+              f"{m.layer.compression}; every blob verified")
+    t.add_row("roles", ", ".join(m.roles) + f"  (layer root {m.layer_root})")
+    for key in ("triton_version", "python_tag", "gpu_name", "torch_version", "vllm_version"):
+        t.add_row(key, _text(fp.get(key)))
+    t.add_row("triton_key", _long(fp.get("triton_key")))
+    t.add_row("ptxas", _text(" ".join(str(fp.get("ptxas") or "").split()) or None))
+    t.add_row("env", ", ".join(f"{k}={v}" for k, v in (fp.get("env") or {}).items()) or "(none set)")
+    t.add_row("baked at", _text(", ".join(f"{k}={v}" for k, v in (fp.get("bake_paths") or {}).items())))
+    s = m.inventory.summary()
+    t.add_row("inventory", f"{s['kernels']} kernels ({s['kernel_names']} names), {s['autotune']} "
+              f"autotune results, {s['helpers']} helpers, {s['dropped']} dropped")
+    bake = m.bake
+    if "rounds" in bake:
+        t.add_row("rounds", f"{bake['rounds']} ({'stable' if bake.get('stable') else 'NOT stable'}"
+                  + (f", {bake['quiet_rounds']} quiet in a row required" if "quiet_rounds" in bake else "")
+                  + ")")
+    for key in ("driver", "compiles", "compile_seconds_moved", "autotune_seconds_moved"):
+        if key in bake:
+            t.add_row(key, _text(bake[key]))
+    if record:
+        t.add_row("compile record", f"{record['compiles']} launches of {record['kernels']} kernels, "
+                  f"{record['autotune']} autotune keys ({record['autotune_candidates']} candidates), "
+                  f"recorded on {', '.join(record['targets'])}; {record['unverified']} not verified")
+    how = (bake.get("unverified_on_target") or {}).get("how")
+    if how:
+        t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
+    for fold in bake.get("folded") or []:  # serve-time misses compiled in (replay --misses)
+        carried = sum(a.get("result") == "carried" for a in fold.get("autotune") or [])
+        t.add_row("folded", f"{len(fold.get('kernels') or [])} kernels and {carried} autotune results "
+                  f"from {fold.get('logs')} miss logs at {fold.get('at')} onto layer "
+                  f"{str(fold.get('base_layer_digest'))}; {len(fold.get('failed') or [])} not folded")
+    t.print(console)
+    names: dict[str, int] = {}
+    for k in m.inventory.kernels:
+        names[k.name] = names.get(k.name, 0) + 1
+    if names:
+        kt = Table("kernel", "specializations", title="kernels", title_justify="left")
+        for name, n in sorted(names.items(), key=lambda kv: (-kv[1], kv[0])):
+            kt.add_row(escape(name), str(n))
+        console.print(kt)
+    # The bake record names the engine step that compiled each specialization (kernels driver).
+    by_step = [(e.get("kernel", "?"), e["step"]) for e in m.bake.get("events", [])
+               if e.get("kind") == "compile" and e.get("step")]
+    if by_step:
+        st = Table("kernel", "engine step that needs it", title="specializations by engine step")
+        for kernel, step in by_step:
+            st.add_row(kernel, step)
+        console.print(st)
+    for d in m.inventory.dropped:
+        console.print(f"[yellow]dropped[/] {escape(d['path'])}: {escape(d['reason'])}")
+
+
+def render_inspect(report, console: Console) -> None:
+    console.print(f"[bold]{escape(report.artifact)}[/] ({report.kind}): targets "
+                  f"{', '.join(report.targets) or '-'}")
+    for ref in report.bakes:
+        render_bake(ref, console, report.records.get(ref.target))
+
+
+def render_pack(report, console: Console) -> None:
+    verb = {"created": "packed", "added": "added", "replaced": "replaced"}.get(report.status, report.status)
+    console.print(f"{verb} the {report.target} bake in [bold]{escape(str(report.out))}[/] "
+                  f"(targets: {', '.join(report.targets)})")
+    if report.replaced_manifest_digest:
+        console.print(f"  replaced image {report.replaced_manifest_digest}")
+    m = report.manifest
+    console.print(f"  image {report.manifest_digest}")
+    console.print(f"  layer {m.layer.digest}  {_mb(m.layer.size)} of {_mb(m.layer.uncompressed_size)} raw, "
+                  f"{len(m.inventory.kernels)} kernels, {len(m.inventory.autotune)} autotune results")
+    for d in m.inventory.dropped:
+        console.print(f"  [yellow]dropped[/] {escape(d['path'])}: {escape(d['reason'])}")
+
+
+# ---------------------------------------------------------------------------- build / verify
+
+def render_build(report, console: Console) -> None:
+    t = report.rounds.total
+    state = ("stable" if report.stable
+             else "NOT stable: one round, --no-until-stable" if not report.rounds.until_stable
+             else "NOT stable")
+    console.print(f"baked [bold]{escape(str(report.plan.out))}[/] ({report.pack.target}, "
+                  f"{report.pack.status}): {len(report.rounds.rounds)} rounds ({state}), "
+                  f"{t.compiles} compiles ({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
+                  f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
+    console.print(f"  layer {report.pack.layer_digest}  {_mb(report.pack.manifest.layer.size)}")
+
+
+def render_verify(report, console: Console) -> None:
+    for line in report.lines():
+        console.print(line, markup=False)
+    if report.ok:
+        s = report.round.summary
+        console.print(f"verified {escape(report.cache)}: 0 compiles, {s.cache_hits} cache hits")
+
+
+# ---------------------------------------------------------------------------- install
+
+def render_install(report, console: Console) -> None:
+    if report.status == "already installed" or report.status.startswith("would "):
+        console.print(f"{report.status}: {report.layer_digest} ({report.target}) in "
+                      f"{escape(report.to)}")
+        for line in report.damage:
+            console.print(f"  damaged: {line}", markup=False)
+    else:
+        console.print(f"{report.status}: {report.layer_digest} ({report.target}) in "
+                      f"{escape(report.to)}: {report.files} files, {report.file_bytes / 1e6:.1f} MB, "
+                      f"{report.groups_relocated} group files and {report.relocated.get('vllm', 0)} "
+                      f"vllm cache files relocated, {report.seconds:.2f} s"
+                      f"{'' if report.synced else ' (not synced to disk: --no-sync)'}")
+    for k, v in report.env.items():
+        console.print(f"{k}={v}", markup=False)
+
+
+# ---------------------------------------------------------------------------- recipes etc.
+
+WIDE = 140  # below this many columns, recipes are listed as blocks instead of a table
+
+
+def render_recipes(report, console: Console) -> None:
+    """A table on a wide terminal; a block per recipe on a narrow one (a five-column table of
+    long serve args folds into unreadable slivers at 80 columns)."""
+    from cachebake.serveargs import serve_args_to_flags
+
+    rows = []
+    for r in report.recipes:
+        m = r.mamba_shapes()
+        shapes = (f"{m.get('heads', '?')}x{m.get('head_dim', '?')} / {m.get('groups', '?')} / "
+                  f"{m.get('d_state', '?')} / {m.get('conv', '?')} / {m.get('chunk', '?')} "
+                  f"({m.get('mamba_layers', '?')} Mamba layers)")
+        name = r.ref + (" *" if any("UNVERIFIED" in n for n in r.notes) else "")
+        rows.append((name, r.model_id or "-", r.architecture, shapes,
+                     " ".join(serve_args_to_flags(r.serve_args)) or "-"))
+    title = "cachebake recipes (--model NAME[:VARIANT])"
+    if console.width >= WIDE:
+        table = Table(title=title, title_justify="left")
+        table.add_column("recipe", no_wrap=True)
+        table.add_column("model", overflow="fold")
+        table.add_column("architecture", overflow="fold")
+        table.add_column("Mamba heads x dim / groups / state / conv / chunk", overflow="fold")
+        table.add_column("default serve args", overflow="fold", ratio=1)
+        for row in rows:
+            table.add_row(*map(escape, row))
+        console.print(table)
+    else:
+        console.print(f"[bold]{title}[/]")
+        for name, model, arch, shapes, flags in rows:
+            console.print(f"[bold]{escape(name)}[/]  {escape(model)}  {escape(arch)}", soft_wrap=False)
+            console.print(f"  Mamba heads x dim / groups / state / conv / chunk: {shapes}", soft_wrap=False)
+            console.print(f"  serve args: {escape(flags)}", soft_wrap=False)
+    console.print("* some hyperparameters unverified: see the recipe's notes "
+                  "(cachebake recipes --json)", soft_wrap=False)
+
+
+def render_serve_command(cmd, console: Console) -> None:
+    console.print(cmd.shell(), markup=False, highlight=False, soft_wrap=True)
+
+
+def render_fingerprint(report, console: Console) -> None:
+    fp = report.fingerprint
+    if report.out:
+        console.print(f"wrote {escape(report.out)}: {fp.target}, triton {_text(fp.triton_version)}, "
+                      f"GPU {_text(fp.gpu_name)}")
+        return
+    t = _Fields(f"fingerprint {fp.target}")
+    for key, value in fp.to_dict().items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or None
+        text = " ".join(str(value).split()) if value is not None else None
+        t.add_row(key, _long(text) if key == "triton_key" else _text(text))
+    t.print(console)

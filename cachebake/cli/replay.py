@@ -1,0 +1,60 @@
+"""``cachebake`` replay and misses: compile a record for a target ahead of time, or fold serve-time misses."""
+
+from __future__ import annotations
+
+import click
+
+from cachebake.cli.app import JSON_OPTION, main, output
+from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT
+
+
+@main.command()
+@click.argument("source", type=click.Path(), metavar="[ART|RECORD]", required=False)
+@click.option("--target", type=GPU_TARGET, help="GPU target to compile for, e.g. sm_90, sm_120 (--base: "
+              "which of the base's bakes, default its only one).")
+@click.option("--out", required=True, type=click.Path(), help="Artifact directory to write (or add this target to).")
+@click.option("--base", type=click.Path(), help="Fold serve-time misses (--misses) into a copy of this artifact.")
+@click.option("--misses", multiple=True, metavar="LOG|DIR",
+              help="With --base: a miss log (install --overlay) or a directory of them; repeatable.")
+@click.option("--jobs", type=POSITIVE_INT, default=None, help="Compile processes (default: all cores).")
+@click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
+@click.option("--layer-root", type=ABSOLUTE_PATH, help="Serving root for group files (default: the source bake's).")
+@click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
+@JSON_OPTION
+def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, as_json):
+    """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
+    or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
+    from cachebake.replay.engine import stderr_progress
+
+    progress = None if as_json else stderr_progress
+    if base or misses:
+        if source:
+            raise click.UsageError(f"{source}: ART|RECORD does not mix with --base/--misses (replay a "
+                                   "record, or fold misses into --base ART)")
+        if not (base and misses):
+            raise click.UsageError("--base ART and --misses LOG|DIR go together")
+        if partial or layer_root or gpu_name:
+            raise click.UsageError("--partial, --layer-root and --gpu-name do not apply with --base "
+                                   "(a fold keeps the base's root and fingerprint, and lists what it could not fold)")
+        from cachebake.replay.foldback import fold_misses
+
+        output(as_json).emit(fold_misses(base, list(misses), out, target=target, jobs=jobs, progress=progress))
+        return
+    if not source or not target:
+        raise click.UsageError("give ART|RECORD and --target, or --base ART --misses LOG|DIR")
+    from cachebake.replay.engine import replay as run_replay
+
+    report = run_replay(source, target=target, out=out, jobs=jobs, partial=partial,
+                        layer_root=layer_root, gpu_name=gpu_name, progress=progress)
+    output(as_json).emit(report)
+
+
+@main.command("misses")
+@click.argument("logs", nargs=-1, required=True, metavar="LOG|DIR...")
+@JSON_OPTION
+def misses_cmd(logs, as_json):
+    """Merge serve-time miss logs (install --overlay) from many replicas: misses per kernel and
+    specialization, replicas, first and last seen, count."""
+    from cachebake.replay.misses import merge
+
+    output(as_json).emit(merge(list(logs)))

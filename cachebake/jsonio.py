@@ -1,0 +1,193 @@
+"""JSON documents in and out of cachebake, hostile on the way in, strict on the way out.
+
+Reading (``read_document``): regular files only, opened without following a link and without
+blocking (a FIFO is refused after ``fstat``, never read), and at most a per-document cap of
+bytes.  Parsing (``parse_json``): UTF-8 only, no duplicate keys (two parsers could pick
+different values), no NaN/Infinity, and nesting no deeper than ``MAX_NESTING``: Python's json
+raises RecursionError on deep input and our own code walks these documents recursively.
+Writing (``dumps``): what cachebake writes passes that reader (non-finite floats become
+strings), since registries, jq and Go refuse NaN and Infinity too.
+
+The checks of each document's fields are cachebake.artifact.schema's; ``canonical_json`` is
+the one byte form every blob and record is written in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import stat
+from typing import Any
+
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
+
+MAX_NESTING = 32
+
+
+# ------------------------------------------------------------------------------ reading
+def read_document(path: os.PathLike | str, document: str, cap: int, *, dir_fd: int | None = None,
+                  missing: type[Exception] | None = CorruptArtifact) -> bytes:
+    """The bytes of a regular file, at most ``cap`` of them; never follows a final symlink,
+    never blocks on a FIFO.  ``missing``: the error class for a file that does not exist
+    (None: raise FileNotFoundError for the caller to handle)."""
+    fd = open_regular(path, document, dir_fd=dir_fd, missing=missing)
+    try:
+        size = os.fstat(fd).st_size
+        if size > cap:
+            raise InvalidDocument(document, "", f"is {size} bytes, over the {cap} this reader accepts")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(cap + 1 - total, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:  # grew while we read it
+                raise InvalidDocument(document, "", f"is over the {cap} bytes this reader accepts")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def open_regular(path: os.PathLike | str, document: str, *, dir_fd: int | None = None,
+                 missing: type[Exception] | None = CorruptArtifact) -> int:
+    """An fd of the regular file at ``path``, opened O_NOFOLLOW|O_NONBLOCK and checked with
+    fstat (lstat first would still race; the fstat of what was opened cannot).  O_NONBLOCK
+    makes opening a FIFO return at once instead of waiting for a writer."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if missing is None:
+            raise
+        raise missing(f"{document} is missing ({os.fspath(path)})") from None
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: the final component is a symlink
+            raise InvalidDocument(document, "", "is a symbolic link, not a regular file") from None
+        raise BadInput(f"{os.fspath(path)}: cannot read {document}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InvalidDocument(document, "", f"is not a regular file ({_kind(st.st_mode)})")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+# ------------------------------------------------------------------------------ parsing
+def _no_duplicates(document: str):
+    def hook(pairs):
+        obj = {}
+        for k, v in pairs:
+            if k in obj:
+                raise InvalidDocument(document, k, "appears twice in one object")
+            obj[k] = v
+        return obj
+    return hook
+
+
+def _no_constant(document: str):
+    def hook(name):
+        raise InvalidDocument(document, "", f"holds {name}, which is not JSON")
+    return hook
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every NaN and infinity as its repr ("nan", "inf", "-inf"): what cachebake
+    writes must pass ``parse_json``, which refuses them like every strict JSON reader (jq, Go,
+    registries).  Real bakes hold them: vLLM's kernels take ``dt_max=inf`` and
+    ``MASK_VALUE=-inf`` as constexprs, which the bake's events and manifest describe."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else repr(obj)
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw) -> str:
+    """json.dumps for what cachebake writes: non-finite floats as strings (``strict_json``),
+    and ``allow_nan=False`` so nothing else can slip one through."""
+    return json.dumps(strict_json(obj), allow_nan=False, **kw)
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The one byte form of a document: sorted keys, no spaces, strict (``dumps``); equal
+    documents are equal blobs, with equal digests."""
+    return dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def parse_json(data: bytes | str, document: str) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING."""
+    if isinstance(data, bytes):
+        raw = data
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidDocument(document, "", f"is not UTF-8 ({e.reason} at byte {e.start})") from None
+    else:
+        raw = data.encode("utf-8", "surrogatepass")
+    _check_nesting(raw, document)
+    try:
+        return json.loads(data, object_pairs_hook=_no_duplicates(document),
+                          parse_constant=_no_constant(document))
+    except RecursionError:  # unreachable after _check_nesting; kept so no traceback escapes
+        raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels") from None
+    except ValueError as e:  # JSONDecodeError, and int() over Python's digit limit
+        if isinstance(e, InvalidDocument):
+            raise
+        raise InvalidDocument(document, "", f"is not valid JSON ({str(e).splitlines()[0]})") from None
+
+
+# On the UTF-8 bytes: the four brackets are ASCII, which UTF-8 never uses inside a multi-byte
+# character, and bytes.translate deletes everything else in one C pass.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_INNERMOST = re.compile(rb"[\[{][\]}]")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _check_nesting(raw: bytes, document: str) -> None:
+    """Refuse nesting past MAX_NESTING before json.loads sees it (strings skipped)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return  # cannot be deeper than its number of openers
+    # Brackets inside strings count too at first: an over-estimate, exact enough for every
+    # document cachebake writes; strings are stripped only when it is over the limit.
+    brackets = raw.translate(None, _NOT_BRACKETS)
+    if _shallow(brackets) or _depth(brackets) <= MAX_NESTING:
+        return
+    if _depth(_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)) > MAX_NESTING:
+        raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels")
+
+
+def _shallow(brackets: bytes) -> bool:
+    """True if removing innermost pairs MAX_NESTING times leaves nothing: the document is no
+    deeper than that.  A few regex passes where ``_depth`` walks every bracket in Python
+    (install.json's inventory has thousands); False only means "ask ``_depth``"."""
+    for _ in range(MAX_NESTING):
+        if not brackets:
+            return True
+        shorter = _INNERMOST.sub(b"", brackets)
+        if len(shorter) == len(brackets):
+            return False  # unbalanced: let _depth say
+        brackets = shorter
+    return not brackets
+
+
+def _depth(brackets: bytes) -> int:
+    return max(itertools.accumulate(_STEP[c] for c in brackets), default=0)
+
+
+def load_document(path, document: str, cap: int, **kw) -> Any:
+    return parse_json(read_document(path, document, cap, **kw), document)

@@ -1,0 +1,217 @@
+"""The miss log: one JSON line per cache miss, from every process of every replica.
+
+A line (``"cachebake_miss": 1``) holds what missed (``kind``: ``kernel``, ``autotune`` or
+``helper``; ``kernel``; ``key``, the cache key dir), what it cost (``seconds``: the compile,
+the benchmark, the gcc build), where the result went (``stored``: ``overlay`` or ``memory``),
+who saw it (``host``, ``pod``/``namespace``/``node`` from the downward API, ``pid``) and when
+(``time``, UTC), plus what ``cachebake replay --misses`` needs to compile it again: a kernel's
+``record`` (a ``cachebake.capture.record.CompileSpec`` dict, made by the replay recorder's own
+``spec_from_compile``: the entry a bake's compile record holds), an autotune result's
+``tuning_key``, ``configs`` and ``timings``.
+
+Lines go to ``$CACHEBAKE_MISS_LOG`` (``<overlay>/misses.jsonl`` by default) with one ``write``
+on an ``O_APPEND`` descriptor, so processes sharing the file never interleave within a line.
+If it cannot be written, the line goes to stderr (``cachebake: miss: {...}``), where the pod's
+log keeps it; logging never raises into the server.
+
+Kernel misses are seen twice: the cache manager knows a kernel missed (its ``put_group``), the
+compilation listener knows the source (``src``) that missed, right after.  The manager notes a
+pending miss; the listener completes it with the record and writes it.  If the listener never
+comes (a program replaced it, or a compile started before this module was imported), the
+pending line is written without a record at the next miss on that thread or at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from cachebake.roles import MISS_LOG_ENV, MISS_LOG_NAME, OVERLAY_ENV
+from cachebake.serve import POD_ENV
+
+FORMAT = 1
+HELPER_SUFFIXES = (".so",)  # Triton names its helpers <name><EXT_SUFFIX>, .so on Linux
+_AUTOTUNE_SUFFIX = ".autotune.json"
+NO_LISTENER = ("the compilation listener did not run for this compile (it started before "
+               "cachebake.serve was imported, or the program replaced the listener)")
+
+
+def log_path() -> str | None:
+    """Where this process logs misses (None: stderr only)."""
+    path = os.environ.get(MISS_LOG_ENV)
+    if path:
+        return path
+    overlay = os.environ.get(OVERLAY_ENV)
+    return os.path.join(overlay, MISS_LOG_NAME) if overlay else None
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.fd: int | None = None
+        self.opened: tuple[str, int] | None = None  # (path, pid) the fd belongs to
+        self.failed: set[str] = set()
+
+    def write(self, entry: dict) -> None:
+        line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+        path = log_path()
+        with self.lock:
+            if path and path not in self.failed:
+                try:
+                    self._write(path, line)
+                    return
+                except OSError as e:
+                    self.failed.add(path)
+                    sys.stderr.write(f"cachebake: the miss log {path} cannot be written "
+                                     f"({e.strerror or e}); misses go to stderr\n")
+            sys.stderr.write("cachebake: miss: " + line.decode())
+            sys.stderr.flush()
+
+    def _write(self, path: str, line: bytes) -> None:
+        if self.opened != (path, os.getpid()):
+            # After a fork the child opens its own descriptor (same file, same O_APPEND).
+            if self.fd is not None and self.opened and self.opened[1] == os.getpid():
+                os.close(self.fd)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.opened = (path, os.getpid())
+        written = os.write(self.fd, line)  # one write: O_APPEND puts the whole line at the end
+        if written != len(line):
+            raise OSError(28, f"short write ({written} of {len(line)} bytes)")
+
+
+_writer = _Writer()
+
+
+def _identity() -> dict[str, Any]:
+    ident: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    for var, field in POD_ENV.items():
+        if os.environ.get(var):
+            ident[field] = os.environ[var]
+    return ident
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def make_entry(kind: str, kernel: str, key: str, seconds: float | None, stored: str, **extra) -> dict:
+    return {"cachebake_miss": FORMAT, "kind": kind, "kernel": kernel, "key": key,
+            "seconds": seconds, "stored": stored, "time": _now(), **_identity(), **extra}
+
+
+def write(entry: dict) -> None:
+    """Append one line; never raises."""
+    try:
+        _writer.write(entry)
+    except Exception as e:  # logging must never break the server
+        print(f"cachebake: could not log a miss: {e!r}", file=sys.stderr)
+
+
+# -- what the cache manager notes --------------------------------------------------------------
+
+_pending_lock = threading.Lock()
+_pending: dict[str, tuple[int, dict]] = {}  # key -> (thread id, entry waiting for its record)
+
+
+def note_file_miss(key: str, filename: str, data: bytes, seconds: float | None, stored: str) -> None:
+    """An autotune result or a launcher helper was missing and has just been produced."""
+    if filename.endswith(_AUTOTUNE_SUFFIX):
+        extra: dict[str, Any] = {}
+        try:
+            result = json.loads(data)
+            extra = {"tuning_key": result.get("key"), "timings": result.get("configs_timings")}
+            extra["configs"] = [c for c, _ in extra["timings"] or []]
+        except (ValueError, TypeError, AttributeError):
+            extra = {"unreadable": True}
+        write(make_entry("autotune", filename[: -len(_AUTOTUNE_SUFFIX)], key, seconds, stored, **extra))
+    else:
+        name = filename.split(".", 1)[0]
+        write(make_entry("helper", name, key, seconds, stored, file=filename))
+
+
+def note_kernel_miss(key: str, metadata_filename: str, seconds: float | None, stored: str) -> None:
+    """A kernel missed every layer and was compiled (its group was just stored).  The
+    listener, called next by ``triton.compile``, adds the record and writes the line."""
+    kernel = metadata_filename[:-5] if metadata_filename.endswith(".json") else metadata_filename
+    me = threading.get_ident()
+    with _pending_lock:
+        stale = [k for k, (tid, _) in _pending.items() if tid == me]
+        lines = [_pending.pop(k)[1] for k in stale]
+        _pending[key] = (me, make_entry("kernel", kernel, key, seconds, stored, record=None,
+                                    record_error=NO_LISTENER))
+    for line in lines:  # the listener did not come for these: log what we know
+        write(line)
+
+
+def flush_pending() -> None:
+    with _pending_lock:
+        lines = [entry for _, entry in _pending.values()]
+        _pending.clear()
+    for line in lines:
+        write(line)
+
+
+atexit.register(flush_pending)
+
+
+# -- the compilation listener ------------------------------------------------------------------
+
+def _base32(hex_key: str) -> str:
+    from triton.runtime.cache import _base32 as triton_base32  # the key dir name Triton uses
+
+    return triton_base32(hex_key)
+
+
+def _on_compile(src, metadata, times) -> None:
+    key = _base32(metadata["hash"])
+    with _pending_lock:
+        pending = _pending.pop(key, None)
+    if pending is None:  # not a miss of the layered cache (another manager, a dump...)
+        return
+    entry = pending[1]
+    entry.pop("record_error", None)
+    if times is not None and getattr(times, "total", None) is not None:
+        entry["seconds"] = round(times.total / 1e6, 4)
+    try:
+        from cachebake.capture.recorder import spec_from_compile
+
+        entry["record"] = spec_from_compile(src, metadata, cache_hit=False).to_dict()
+    except Exception as e:  # log the miss without its record rather than not at all
+        entry["record_error"] = f"{type(e).__name__}: {e}"
+    write(entry)
+
+
+def install_listener() -> None:
+    """Chain a listener in front of whatever ``knobs.compilation.listener`` holds; once per
+    process.  The monitor (cachebake.capture.monitor) chains the same way, in either order."""
+    from triton import knobs
+
+    previous = knobs.compilation.listener
+    chain, seen = previous, set()
+    while chain is not None and id(chain) not in seen:  # already installed somewhere in the chain
+        if getattr(chain, "_cachebake_misses", False):
+            return
+        seen.add(id(chain))
+        chain = getattr(chain, "_cachebake_previous", None)
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        if not cache_hit:
+            try:
+                _on_compile(src, metadata, times)
+            except Exception as e:  # never break the compile that is being reported
+                print(f"cachebake: could not log a miss: {e!r}", file=sys.stderr)
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                     cache_hit=cache_hit)
+
+    listener._cachebake_misses = True
+    listener._cachebake_previous = previous
+    knobs.compilation.listener = listener

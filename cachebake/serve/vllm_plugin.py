@@ -1,0 +1,31 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins: cachebake_monitor``).
+
+vLLM calls ``register()`` in its engine and in every worker process, which is exactly where
+kernels compile; that makes both cachebake taps reach processes that PYTHONPATH tricks might
+miss:
+- ``$CACHEBAKE_OVERLAY_DIR`` set (``install --overlay``, ``serve-args --overlay``): the
+  layered cache (a read-only bake plus a writable overlay, every miss logged);
+- ``$CACHEBAKE_MONITOR_LOG`` set (build, verify): the compile monitor, which wraps whichever
+  cache manager is in use, so it goes second.
+It must be cheap and inert otherwise: with neither set it only reads two variables.
+"""
+
+import os
+import sys
+
+from cachebake.capture.env import MONITOR_LOG_ENV
+from cachebake.roles import OVERLAY_ENV
+
+
+def register() -> None:
+    if os.environ.get(OVERLAY_ENV):
+        try:
+            from cachebake.serve import layered
+
+            layered.activate()
+        except Exception as e:  # a plugin must never stop vLLM from starting
+            print(f"cachebake: the layered cache is off in pid {os.getpid()}: {e!r}", file=sys.stderr)
+    if os.environ.get(MONITOR_LOG_ENV):
+        from cachebake.capture import monitor
+
+        monitor.activate()

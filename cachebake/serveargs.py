@@ -1,0 +1,161 @@
+"""The serve-args dialect: the vLLM serving arguments a bake runs with and a server must start
+with, and how a bake's ``--model``/``--tp``/``--serve-args`` resolve into them.
+
+A bake only hits when the server runs with the same serving arguments (every argument that
+shapes a kernel: TP size, dtype, max_num_seqs, max_num_batched_tokens, block size, prefix
+caching, mamba cache dtypes, speculative decoding, compilation config).  Here they are one plain
+dict of ``EngineArgs`` field names, parsed from JSON or ``vllm serve`` flags
+(``parse_serve_args``), checked (``validate_serve_args`` refuses ``enforce_eager``: it turns off
+vLLM's JIT warmup and CUDA graph capture, so a bake with it misses most of what the server
+compiles at startup), turned back into the exact flags (``serve_args_to_flags``), and resolved
+against a recipe (``resolve``).  The driver, the plan, ``serve-args`` and ``k8s`` all read them
+from here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from cachebake.errors import BadInput
+
+# Set by the driver, never by serve args: the bake needs them, the server must not copy them.
+DRIVER_OWNED = ("model", "load_format", "skip_tokenizer_init")
+
+
+# Bake-only settings the driver adds; `serve-args` leaves them out of the server's command.
+BAKE_ONLY = {"load_format": "dummy", "skip_tokenizer_init": True}
+
+
+def validate_serve_args(serve_args: dict[str, Any]) -> dict[str, Any]:
+    """Refuse serve args a bake cannot honestly run with; return them unchanged otherwise."""
+    if not isinstance(serve_args, dict):
+        raise BadInput(f"serve args must be a mapping of vLLM engine arguments, not {type(serve_args).__name__}")
+    if serve_args.get("enforce_eager"):
+        raise BadInput("refusing enforce_eager: it disables vLLM's JIT warmup and CUDA graph capture, "
+                       "so the bake would miss what the server compiles at startup; remove it "
+                       "(and serve without it)")
+    owned = [k for k in DRIVER_OWNED if k in serve_args]
+    if owned:
+        raise BadInput(f"serve args must not set {', '.join(owned)}: the vllm driver sets them "
+                       "(the model comes from --model, weights are dummy, no tokenizer is loaded)")
+    bad = [k for k in serve_args if not isinstance(k, str) or not k.replace("_", "").isalnum()]
+    if bad:
+        raise BadInput(f"serve args have keys that are no engine argument names: {bad}")
+    return serve_args
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def serve_args_to_flags(serve_args: dict[str, Any]) -> list[str]:
+    """The ``vllm serve`` flags for ``serve_args`` (EngineArgs names), in the dict's order.
+
+    True -> ``--x``; False -> ``--no-x`` (vLLM's boolean engine args accept both); None is left
+    out (vLLM's default); dicts (speculative_config, compilation_config...) -> compact JSON;
+    lists -> one value per item."""
+    out: list[str] = []
+    for key, value in serve_args.items():
+        if value is None:
+            continue
+        if value is True:
+            out.append(_flag(key))
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            out += [_flag(key), json.dumps(value, sort_keys=True, separators=(",", ":"))]
+        elif isinstance(value, (list, tuple)):
+            out += [_flag(key), *(str(v) for v in value)]
+        else:
+            out += [_flag(key), str(value)]
+    return out
+
+
+def _scalar(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_serve_args(text: str) -> dict[str, Any]:
+    """``--serve-args`` text: a JSON object, or ``vllm serve``-style flags
+    (``--max-num-seqs 64 --enable-prefix-caching --no-enforce-eager``)."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise BadInput(f"--serve-args is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise BadInput("--serve-args JSON must be an object")
+        return data
+    words = shlex.split(text)
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("--"):
+            raise BadInput(f"--serve-args: expected a --flag, got {w!r} (a model path does not go here)")
+        name, eq, val = w[2:].partition("=")
+        key = name.replace("-", "_")
+        values: list[str] = [val] if eq else []
+        if not eq:
+            while i + 1 < len(words) and not words[i + 1].startswith("--"):
+                values.append(words[i + 1])
+                i += 1
+        if not values:
+            if key.startswith("no_"):
+                out[key[3:]] = False
+            else:
+                out[key] = True
+        elif len(values) == 1:
+            out[key] = _scalar(values[0])
+        else:
+            out[key] = [_scalar(v) for v in values]
+        i += 1
+    return out
+
+
+def default_model_dir(recipe) -> str:
+    """Where a bake puts a recipe's model when no path is given: pass the server's path instead."""
+    slug = recipe.name.replace("/", "-")
+    return f"/models/{slug}-{recipe.variant}" if recipe.variant else f"/models/{slug}"
+
+
+def resolve(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
+            model_dir: str | None = None) -> tuple[Any, dict[str, Any], str]:
+    """A bake's recipe, final serve args and model dir, without touching the disk.
+
+    Serve args: the recipe's defaults updated by ``serve_args`` (dict, JSON or flags); ``tp``
+    overrides tensor_parallel_size when given.  Model dir: ``model_dir``, else a local model's
+    own directory (baked where it is served from), else ``default_model_dir``."""
+    from cachebake.recipes import load_recipe
+
+    recipe = load_recipe(model)
+    extra = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args or {})
+    args = {**recipe.serve_args, **extra}
+    if tp is not None:
+        args["tensor_parallel_size"] = int(tp)
+    validate_serve_args(args)
+    if model_dir is None and recipe.local_path:
+        local = Path(recipe.local_path)
+        model_dir = str(local.parent if local.is_file() else local)
+    elif model_dir is None:
+        model_dir = default_model_dir(recipe)
+    return recipe, args, str(model_dir)

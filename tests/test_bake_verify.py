@@ -1,0 +1,115 @@
+"""verify: one round against an installed cache; any real compile or benchmark fails it."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import servekit
+from click.testing import CliRunner
+
+from cachebake.bake.rounds import run_rounds
+from cachebake.bake.verify import verify
+from cachebake.capture.env import bake_env
+from cachebake.cli import main
+from cachebake.drivers.command import CommandDriver
+from cachebake.errors import BadInput, CommandFailed, CompilesSeen, ExitCode
+
+TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
+
+WARMUP = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import aot
+for block in sys.argv[1:]:
+    aot.aot_compile(None, constexprs={{"BLOCK": int(block)}})
+"""
+
+
+def warmup(tmp_path, *blocks):
+    script = tmp_path / "warmup.py"
+    script.write_text(WARMUP)
+    return [sys.executable, str(script), *map(str, blocks)]
+
+
+@pytest.fixture
+def baked(tmp_path):
+    """A cache root filled by a build with BLOCK 64 and 128."""
+    root = tmp_path / "root"
+    benv = bake_env(root, ("triton",), monitor_log=tmp_path / "bake/events.jsonl")
+    assert run_rounds(CommandDriver(warmup(tmp_path, 64, 128)), benv).stable
+    return root
+
+
+def test_complete_cache_verifies(tmp_path, baked):
+    report = verify(CommandDriver(warmup(tmp_path, 64, 128)), baked)
+    assert report.ok and report.work == [] and report.roles == ["triton"]
+    assert report.round.summary.cache_hits == 2
+    report.check()
+
+
+def test_missing_specialization_is_listed(tmp_path, baked):
+    report = verify(CommandDriver(warmup(tmp_path, 64, 256)), baked)
+    assert not report.ok
+    (line,) = report.lines()
+    assert line.startswith("compile") and "add_kernel[BLOCK=256]" in line
+    with pytest.raises(CompilesSeen, match="1 real compiles") as exc:
+        report.check()
+    assert exc.value.code == ExitCode.COMPILES_SEEN == 8
+
+
+def test_not_a_cache_root(tmp_path):
+    with pytest.raises(BadInput, match="no cache roles"):
+        verify(CommandDriver(["true"]), tmp_path)
+    with pytest.raises(BadInput, match="no such directory"):
+        verify(CommandDriver(["true"]), tmp_path / "missing")
+
+
+def test_failing_round(tmp_path, baked):
+    with pytest.raises(CommandFailed):
+        verify(CommandDriver([sys.executable, "-c", "raise SystemExit(1)"]), baked)
+
+
+def test_cli_verify(tmp_path, baked, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "systmp"))
+    (tmp_path / "systmp").mkdir()
+    runner = CliRunner()
+    ok = runner.invoke(main, ["verify", "--cache", str(baked), "--", *warmup(tmp_path, 128)])
+    assert ok.exit_code == 0, ok.output
+    assert "0 compiles, 1 cache hits" in ok.output
+    bad = runner.invoke(main, ["verify", "--cache", str(baked), "--",
+                               *warmup(tmp_path, 32, 64, 512)])
+    assert bad.exit_code == 8, bad.output
+    assert "add_kernel[BLOCK=32]" in bad.output and "add_kernel[BLOCK=512]" in bad.output
+    assert "cachebake: error: the cache at" in bad.output
+    as_json = runner.invoke(main, ["verify", "--json", "--cache", str(baked), "--",
+                                   *warmup(tmp_path, 16)])
+    assert as_json.exit_code == 8
+    doc = json.loads(as_json.stdout)  # one document: the report, ok false; the error on stderr
+    assert (doc["command"], doc["ok"], doc["compiles"]) == ("verify", False, 1)
+    assert "cachebake: error: the cache at" in as_json.stderr
+    assert list((tmp_path / "systmp").iterdir()) == []  # no work dir left behind
+
+
+LISTENING = WARMUP + """
+import triton
+heard = []
+triton.knobs.compilation.listener = lambda **kw: heard.append(kw["cache_hit"])
+for block in sys.argv[1:]:
+    aot.aot_compile(None, constexprs={"BLOCK": int(block) * 2})
+print("heard", heard)
+"""
+
+
+def test_a_command_that_assigns_its_own_compilation_listener_is_still_watched(tmp_path, baked):
+    """Programs assign triton.knobs.compilation.listener to watch compiles: the monitor is
+    chained, not replaced, so verify still sees every hit (and the program its events)."""
+    script = tmp_path / "listening.py"
+    script.write_text(LISTENING)
+    r = CliRunner().invoke(main, ["verify", "--cache", str(baked), "--work-dir", str(tmp_path / "w"),
+                                  "--", sys.executable, str(script), "64"])
+    assert r.exit_code == 0, r.output
+    assert "0 compiles, 2 cache hits" in r.stdout
+    assert "heard [True]" in (tmp_path / "w" / "round-1.log").read_text()
