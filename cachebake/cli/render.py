@@ -230,7 +230,14 @@ def render_recipes(report, console: Console) -> None:
 
 
 def render_serve_command(cmd, console: Console) -> None:
-    console.print(cmd.shell(), markup=False, highlight=False, soft_wrap=True)
+    """The shell text, byte for byte where a program reads it (``eval "$(...)"``: rich would
+    drop \\r and other characters from a quoted value); on a terminal, each line
+    ``printable``, since a quoted value may still hold ESC."""
+    text = cmd.shell()
+    if console.is_terminal:
+        text = "\n".join(printable(line) for line in text.split("\n"))
+    console.file.write(text + "\n")
+    console.file.flush()
 
 
 def render_fingerprint(report, console: Console) -> None:
