@@ -53,8 +53,12 @@ SKOPEO_TIMEOUT_S = 3600.0
 # a bake's registry is always named.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
 _REFERENCE = re.compile(rf"^(?P<host>{_HOST})/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)"
-                        r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+                        rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>sha256:[0-9a-f]{{64}}))?\Z", re.ASCII)  # \Z: $ allows a final newline
+# An image name as a Pod spec gives it: the registry host is optional there (docker.io).
+_IMAGE_NAME = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?"
+                         r"(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,})?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ class RegistryRef:
             return ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False
+
+
+def is_image_name(text: str) -> bool:
+    """``[HOST[:PORT]/]REPO[:TAG][@DIGEST]``: the form a Pod spec's ``image`` takes."""
+    return isinstance(text, str) and len(text) <= 4096 and _IMAGE_NAME.fullmatch(text) is not None
 
 
 def is_reference(text: str) -> bool:
