@@ -20,6 +20,7 @@ from cachebake.errors import BadInput, from_os_error
 
 POSITIVE_INT = click.IntRange(min=1)
 NON_NEGATIVE_SECONDS = click.FloatRange(min=0.0)
+POSITIVE_SECONDS = click.FloatRange(min=0.0, min_open=True)
 
 
 class RoleDirType(click.ParamType):
