@@ -343,3 +343,9 @@ def test_more_on_disk_than_declared_in_all_stops_the_pull(tmp_path, monkeypatch)
     assert time.monotonic() - start < 10
     with pytest.raises(ProcessLookupError):  # killed, not left sleeping
         os.kill(int(pidfile.read_text()), 0)
+
+
+def test_a_reference_with_a_line_break_is_refused():
+    for text in ("docker://h/x\n", "docker://h/x:t\n---", "docker://h/x\u2028"):
+        with pytest.raises(BadInput):
+            parse_reference(text)
