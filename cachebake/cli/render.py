@@ -52,11 +52,26 @@ class _Fields:
         self.rows.append((label, value))
 
     def print(self, console: Console) -> None:
+        # labels are ours (and may hold markup); titles and values carry artifact text: safe()
         if self.title:
-            console.print(f"[bold]{escape(self.title)}[/]")
+            console.print(f"[bold]{safe(self.title)}[/]")
         width = max((len(k) for k, _ in self.rows), default=0)
         for label, value in self.rows:
-            console.print(f"  {label:<{width}}  {escape(value)}", soft_wrap=True)
+            console.print(f"  {label:<{width}}  {safe(value)}", soft_wrap=True)
+
+
+def _obj(value) -> dict:
+    """``value`` if it is an object, else empty: the bake section is checked only as an object
+    (its fields are the driver's), so a field of another type shows as absent, never a crash."""
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _objs(value) -> list[dict]:
+    return [v for v in _items(value) if isinstance(v, dict)]
 
 
 def _long(value, keep: int = 40) -> str:
@@ -99,14 +114,14 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
         t.add_row("compile record", f"{record['compiles']} launches of {record['kernels']} kernels, "
                   f"{record['autotune']} autotune keys ({record['autotune_candidates']} candidates), "
                   f"recorded on {', '.join(record['targets'])}; {record['unverified']} not verified")
-    how = (bake.get("unverified_on_target") or {}).get("how")
+    how = _obj(bake.get("unverified_on_target")).get("how")
     if how:
         t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
-    for fold in bake.get("folded") or []:  # serve-time misses compiled in (replay --misses)
-        carried = sum(a.get("result") == "carried" for a in fold.get("autotune") or [])
-        t.add_row("folded", f"{len(fold.get('kernels') or [])} kernels and {carried} autotune results "
+    for fold in _objs(bake.get("folded")):  # serve-time misses compiled in (replay --misses)
+        carried = sum(a.get("result") == "carried" for a in _objs(fold.get("autotune")))
+        t.add_row("folded", f"{len(_items(fold.get('kernels')))} kernels and {carried} autotune results "
                   f"from {fold.get('logs')} miss logs at {fold.get('at')} onto layer "
-                  f"{str(fold.get('base_layer_digest'))}; {len(fold.get('failed') or [])} not folded")
+                  f"{str(fold.get('base_layer_digest'))}; {len(_items(fold.get('failed')))} not folded")
     t.print(console)
     names: dict[str, int] = {}
     for k in m.inventory.kernels:
@@ -114,23 +129,24 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
     if names:
         kt = Table("kernel", "specializations", title="kernels", title_justify="left")
         for name, n in sorted(names.items(), key=lambda kv: (-kv[1], kv[0])):
-            kt.add_row(escape(name), str(n))
+            kt.add_row(safe(name), str(n))
         console.print(kt)
     # The bake record names the engine step that compiled each specialization (kernels driver).
-    by_step = [(e.get("kernel", "?"), e["step"]) for e in m.bake.get("events", [])
+    by_step = [(e.get("kernel", "?"), e["step"]) for e in _objs(m.bake.get("events"))
                if e.get("kind") == "compile" and e.get("step")]
     if by_step:
         st = Table("kernel", "engine step that needs it", title="specializations by engine step")
         for kernel, step in by_step:
-            st.add_row(kernel, step)
+            st.add_row(safe(kernel), safe(step))
         console.print(st)
     for d in m.inventory.dropped:
-        console.print(f"[yellow]dropped[/] {escape(d['path'])}: {escape(d['reason'])}")
+        console.print(f"[yellow]dropped[/] {safe(d.get('path'))}: {safe(d.get('reason'))}")
 
 
 def render_inspect(report, console: Console) -> None:
-    console.print(f"[bold]{escape(report.artifact)}[/] ({report.kind}): targets "
-                  f"{', '.join(report.targets) or '-'}")
+    """Every value from the artifact through ``safe``: names, paths, versions, env, steps."""
+    console.print(f"[bold]{safe(report.artifact)}[/] ({safe(report.kind)}): targets "
+                  f"{safe(', '.join(report.targets)) or '-'}")
     for ref in report.bakes:
         render_bake(ref, console, report.records.get(ref.target))
 
@@ -230,7 +246,14 @@ def render_recipes(report, console: Console) -> None:
 
 
 def render_serve_command(cmd, console: Console) -> None:
-    console.print(cmd.shell(), markup=False, highlight=False, soft_wrap=True)
+    """The shell text, byte for byte where a program reads it (``eval "$(...)"``: rich would
+    drop \\r and other characters from a quoted value); on a terminal, each line
+    ``printable``, since a quoted value may still hold ESC."""
+    text = cmd.shell()
+    if console.is_terminal:
+        text = "\n".join(printable(line) for line in text.split("\n"))
+    console.file.write(text + "\n")
+    console.file.flush()
 
 
 def render_fingerprint(report, console: Console) -> None:

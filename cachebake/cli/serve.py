@@ -24,7 +24,7 @@ def serve_args_cmd(artifact, target, root, overlay, as_json):
     from cachebake.serve.command import read_manifest, serve_command
 
     manifest = read_manifest(artifact, target)
-    cmd = serve_command(manifest, root=root)
+    cmd = serve_command(manifest, root=root, document=f"{artifact}: bake manifest")
     if overlay is not None:
         from cachebake.roles import serving_overlay_env
 
