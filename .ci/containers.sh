@@ -38,9 +38,8 @@ if ! dpkg -s $PACKAGES >/dev/null 2>&1; then
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
   fi
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
-  rc=$?
+  rc=0
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null; } || rc=$?
   [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
   [ $rc -eq 0 ] || exit $rc
 fi
