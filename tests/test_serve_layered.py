@@ -162,16 +162,23 @@ def test_writable_bake_is_not_written_either(installed, tmp_path):
     assert len(servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")) == 2
 
 
-@pytest.mark.parametrize("overlay", ["unset", "unwritable"])
+@pytest.mark.parametrize("overlay", ["unset", "unwritable", "foreign"])
 def test_no_usable_overlay_spills_and_logs_to_stderr(installed, public_tmp, overlay):
+    """No overlay, one of ours that cannot be written (mode 0555), or one another uid made
+    (root's, for a server of uid 65534): the misses spill, the log is stderr, the server goes
+    on, and the overlay is left as it was."""
     base = public_tmp / "triton"
     servekit.relocate(Path(shutil.copytree(installed, base)))
     os.system(f"chmod -R a-w,a+rX {base}")
-    env = servekit.serve_env(base, public_tmp / "root-owned" if overlay == "unwritable" else None)
+    given = public_tmp / "given"
+    env = servekit.serve_env(base, None if overlay == "unset" else given)
     if overlay == "unset":
         env["TRITON_CACHE_MANAGER"] = "cachebake.serve.layered:LayeredCacheManager"
     else:
-        (public_tmp / "root-owned").mkdir(mode=0o755)
+        given.mkdir(mode=0o755)
+        if overlay == "unwritable":
+            os.chown(given, 65534, 65534)
+            given.chmod(0o555)
     out = servekit.run_server([IN_BAKE, NOT_IN_BAKE, NOT_IN_BAKE], env, runner=as_nobody)
     assert out["rc"] == 0 and out["error"] is None, out["stderr"]
     assert out["cache_hits"] == [True, False, True]  # the 2nd call hits this process's spill
@@ -180,16 +187,26 @@ def test_no_usable_overlay_spills_and_logs_to_stderr(installed, public_tmp, over
     entry = json.loads(line[len("cachebake: miss: "):])
     assert entry["stored"] == "spill" and entry["kernel"] == "add_kernel" and entry["record"]
     assert not os.path.exists(out["compiles"][1]["paths"][0])  # the spill went with the process
+    said = [ln for ln in out["stderr"].splitlines() if not ln.startswith("cachebake: miss: ")]
     if overlay == "unwritable":
-        assert "cannot be written" in out["stderr"] and not any((public_tmp / "root-owned").iterdir())
+        assert said and all("cannot be written (Permission denied)" in ln for ln in said), said
+    if overlay == "foreign":
+        assert said == [f"cachebake: the overlay {given} is refused: it is owned by uid 0, not this "
+                        f"process's uid 65534; pid {entry['pid']} keeps its misses in a private spill "
+                        "(recompiled by each process) and logs them to stderr unless "
+                        "CACHEBAKE_MISS_LOG is outside the overlay"]
+    if overlay != "unset":
+        assert not any(given.iterdir())
 
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
-    """A 24 KiB tmpfs: one kernel's files do not fit (a full emptyDir)."""
+    """A 24 KiB tmpfs: one kernel's files do not fit (a full emptyDir).  Mode 0700: a tmpfs is
+    1777 by default, which the layered manager refuses as an overlay (anyone could plant an
+    entry in it)."""
     mnt = tmp_path / "full"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mnt)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k,mode=0700", "tmpfs", str(mnt)],
                                            capture_output=True).returncode != 0:
         pytest.skip("needs root and a mountable tmpfs to fill an overlay")
     yield mnt
