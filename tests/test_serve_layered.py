@@ -434,3 +434,21 @@ def test_bad_autotune_result_is_a_miss(installed, triton_knobs, tmp_path, monkey
     assert line["kind"] == "autotune" and reason in line["reason"] and line["reason"].startswith("bake: ")
     assert layered.LayeredCacheManager(tuned.parent.name).get_file(tuned.name) == path
     assert tuned.read_bytes() == result  # the bake is never written
+
+
+def test_spilled_group_names_only_the_spill_or_the_usable_overlay(tmp_path):
+    """A kernel spilled mid-way keeps children the overlay took before it filled up; once the
+    overlay is refused (renamed, replaced), a spilled group naming it is a miss."""
+    spill = layered._Spill()
+    key = "K" * 52
+    cubin = spill.write(key, "k.cubin", b"x")
+    in_overlay = tmp_path / "ovl" / "triton" / key / "k.ttir"
+    in_overlay.parent.mkdir(parents=True)
+    in_overlay.write_text("ir")
+    group = {"k.json": spill.write(key, "k.json", b"{}"), "k.cubin": cubin, "k.ttir": str(in_overlay)}
+    spill.write(key, "__grp__k.json", json.dumps({"child_paths": group}).encode())
+    try:
+        assert spill.group(key, "k.json", f"{tmp_path}/ovl/triton/{key}/") == group
+        assert spill.group(key, "k.json", None) is None
+    finally:
+        spill.remove()
