@@ -104,11 +104,12 @@ class _Writer:
                 try:
                     self._write(path, line)
                     return
+                except overlay_mod.OverlayRefused:  # the overlay's own line has said why
+                    self.failed.add(path)
                 except overlay_mod.Refused as e:
                     self.failed.add(path)
-                    if str(e) != "the overlay is refused":  # that one has said why already
-                        sys.stderr.write(f"cachebake: the miss log {path} is refused: {e}; "
-                                         "misses go to stderr\n")
+                    sys.stderr.write(f"cachebake: the miss log {path} is refused: {e}; "
+                                     "misses go to stderr\n")
                 except OSError as e:
                     self.failed.add(path)
                     sys.stderr.write(f"cachebake: the miss log {path} cannot be written "

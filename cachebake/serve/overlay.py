@@ -51,6 +51,13 @@ class Refused(Exception):
     """An overlay path that is not this process's own; the message says why."""
 
 
+class OverlayRefused(Refused):
+    """The whole overlay is refused; its own stderr line has said why."""
+
+    def __init__(self) -> None:
+        super().__init__("the overlay is refused")
+
+
 _warned: set = set()
 
 
@@ -310,15 +317,15 @@ class Overlay:
 
     def open_append(self, relpath: str) -> int:
         """An O_APPEND fd of the file ``relpath`` inside the overlay (the miss log), its dirs
-        made private on the way.  Raises Refused when the overlay is refused or the file is a
-        link, not a regular file, not ours or has other hard links; OSError when it cannot be
-        made."""
+        made private on the way.  Raises OverlayRefused when the overlay is refused, Refused
+        when the file is a link, not a regular file, not ours or has other hard links; OSError
+        when it cannot be made."""
         parts = [p for p in relpath.split("/") if p not in ("", ".")]
         if not parts or ".." in parts:
             raise Refused(f"{relpath!r} is not a path inside the overlay")
         root = self.root(create=True)
         if root is None:
-            raise Refused("the overlay is refused")
+            raise OverlayRefused()
         opened: list[int] = []
         dir_fd = root
         try:
@@ -327,7 +334,7 @@ class Overlay:
                     dir_fd = open_private_dir(dir_fd, part, self.uid, create=True)
                 except Refused as e:
                     self.refuse(f"its {part}/ {e}")
-                    raise Refused("the overlay is refused") from None
+                    raise OverlayRefused() from None
                 opened.append(dir_fd)
             try:
                 fd = os.open(parts[-1], APPEND_FLAGS, FILE_MODE, dir_fd=dir_fd)
@@ -340,7 +347,7 @@ class Overlay:
                 f"has {st.st_nlink} hard links" if st.st_nlink != 1 else None)
             if why is not None or not self.still_pinned():
                 os.close(fd)
-                raise Refused(f"it {why}" if why else "the overlay is refused")
+                raise Refused(f"it {why}") if why else OverlayRefused()
             os.set_blocking(fd, True)
             return fd
         finally:
