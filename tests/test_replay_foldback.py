@@ -39,6 +39,7 @@ SPECIALIZED = ["scale_kernel", aot.SPECS[2][1], {"BLOCK": 512, "SQUARE": True},
                {"x_ptr": [["tt.divisibility", 16]], "out_ptr": [["tt.divisibility", 16]]},
                {"num_warps": 8}]
 MISSED = [NOT_IN_BAKE, ALSO_NOT_IN_BAKE, SPECIALIZED]
+KERNELS = ["aot"]  # the served kernels' module: named with --allow-module (the base has no record)
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def _hits_at_another_path(art: Path, served: dict, tmp_path: Path) -> Path:
 
 def test_fold_then_hit_at_another_path(base, served, tmp_path):
     out = tmp_path / "next-art"
-    report = foldback.fold_misses(base, served["logs"], out, jobs=2)
+    report = foldback.fold_misses(base, served["logs"], out, jobs=2, allow_modules=KERNELS)
     assert sorted(c["kernel"] for c in report.compiled) == ["add_kernel", "rowsum_kernel", "scale_kernel"]
     assert report.failed == [] and report.in_base == [] and report.problems == []
     (tuned,) = report.autotune
@@ -138,7 +139,7 @@ def test_fold_then_hit_at_another_path(base, served, tmp_path):
 
     # A second fold of the same logs on the new artifact: everything is already there, and the
     # base's record is carried over as it was.
-    again = foldback.fold_misses(out, served["logs"], tmp_path / "third-art")
+    again = foldback.fold_misses(out, served["logs"], tmp_path / "third-art")  # aot: in out's record
     assert again.compiled == [] and len(again.in_base) == 3 and again.helpers[0]["folded"]
     assert again.autotune[0]["result"] == "in base"
     assert load_record(tmp_path / "third-art").record.to_dict() == record.to_dict()
@@ -147,7 +148,7 @@ def test_fold_then_hit_at_another_path(base, served, tmp_path):
 def test_unreplayable_misses_are_reported(base, tmp_path):
     log = tmp_path / "misses.jsonl"
     record = {"kernel": {"module": "no_such_module_here", "qualname": "k", "name": "k",
-                         "source_hash": "0"},
+                         "source_hash": "0" * 64},
               "signature": [], "constexprs": [], "attrs": [], "options": {}, "env_vars": {},
               "target": "cuda:90", "hash": "0" * 64, "verified": False, "seen": "compile"}
     lines = [misslog.make_entry("kernel", "k", "K" * 52, 1.0, "overlay", record=record),
@@ -159,10 +160,13 @@ def test_unreplayable_misses_are_reported(base, tmp_path):
              misslog.make_entry("helper", "__triton_launcher", "H" * 52, 0.8, "overlay",
                                 file="__triton_launcher.cpython-311-x86_64-linux-gnu.so"),
              misslog.make_entry("kernel", "bad", "B" * 52, 1.0, "overlay", record={"kernel": {"module": "m"}})]
+    lines.append(misslog.make_entry("kernel", "u", "U" * 52, 1.0, "overlay",
+                                    record={**record, "kernel": {**record["kernel"], "module": "unlisted_mod"}}))
     log.write_text("".join(json.dumps(e) + "\n" for e in lines))
-    report = foldback.fold_misses(base, [str(log)], tmp_path / "out")
+    report = foldback.fold_misses(base, [str(log)], tmp_path / "out", allow_modules=["no_such_module_here"])
     reasons = {f["kernel"]: f["reason"] for f in report.failed}
     assert "module no_such_module_here does not import here" in reasons["k"]
+    assert "module unlisted_mod is not on the allowlist" in reasons["u"]
     assert "listener did not run" in reasons["j"]
     assert reasons["m"] == "missed on cuda:100, the base bake is for cuda:90"
     assert "malformed compile entry" in reasons["bad"]
@@ -179,7 +183,7 @@ def test_source_changed_since_the_miss(base, served, tmp_path):
             e["record"]["kernel"]["source_hash"] = "0" * 64
     edited = tmp_path / "edited.jsonl"
     edited.write_text("".join(json.dumps(e) + "\n" for e in lines))
-    report = foldback.fold_misses(base, [str(edited)], tmp_path / "out")
+    report = foldback.fold_misses(base, [str(edited)], tmp_path / "out", allow_modules=KERNELS)
     assert report.compiled == [] and all("source differs" in f["reason"] for f in report.failed)
 
 
@@ -199,7 +203,7 @@ def test_cli_folds_then_the_missed_kernels_hit_elsewhere(base, served, tmp_path)
     env = servekit.serve_env(tmp_path / "unused-cache", overlay)
     run = subprocess.run([sys.executable, "-m", "cachebake.cli", "replay", "--base", str(base),
                           "--misses", served["logs"][0], "--misses", served["logs"][1],
-                          "--out", str(out), "--jobs", "2", "--json"],
+                          "--out", str(out), "--jobs", "2", "--allow-module", "aot", "--json"],
                          env=env, capture_output=True, text=True, timeout=600, cwd="/")
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout)
