@@ -152,3 +152,26 @@ def test_labels_and_messages_show_hostile_text_escaped():
         assert "\x1b" not in text and "\n" not in text and "\x07" not in text
     assert shown("vllm.ops") == "vllm.ops" and shown("a\x1bb") == "'a\\x1bb'"
     assert len(shown("x" * 1000)) == 120
+
+
+def test_the_record_log_is_written_strict_and_read_line_by_line(tmp_path):
+    """A failed candidate's inf timing is written "inf" (the strict reader refuses Infinity);
+    a torn line, a line 200,000 deep and a line with a wrong type are skipped, not fatal."""
+    from cachebake.capture import recorder
+    from cachebake.jsonio import parse_json
+
+    tune = AutotuneSpec(kernel=REF, tuning_key="(1,)", configs=[TuneConfig(kwargs=[["B", 64]]),
+                                                                TuneConfig(kwargs=[["B", 128]])],
+                        target="cuda:90", env_vars={}, result_hash="r1",
+                        timings=[[float("inf")] * 3, [0.1, 0.09, 0.11]], best=1)
+    log = tmp_path / "events.record.jsonl"
+    recorder._append(str(log), {"autotune": tune.to_dict()})
+    recorder._append(str(log), {"compile": spec().to_dict()})
+    parse_json(log.read_bytes().splitlines()[0], "line")  # strict JSON
+    with open(log, "a") as f:
+        f.write(json.dumps({"compile": {**spec("h2").to_dict(), "env_vars": []}}) + "\n")
+        f.write('{"compile": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+        f.write('{"compile": {"kernel": ')  # torn
+    rec = recorder.load_record_log(log)
+    assert [c.hash for c in rec.compiles] == ["h1"] and rec.autotune[0].timings[0] == [float("inf")] * 3
+    assert rec.triton_version  # from the lines' build fields

@@ -271,6 +271,11 @@ def render_fold(report, console: Console) -> None:
                   f"from {len(report.logs)} logs into [bold]{safe(report.out)}[/] ({report.target}, "
                   f"layer {report.layer_digest[:19]}; {report.helpers_built} launcher helpers "
                   f"built, {report.jobs} jobs)", highlight=False)
+    skipped = [(report.log_lines.get(k, 0), k) for k in ("unreadable", "foreign", "malformed")]
+    if any(n for n, _ in skipped):
+        console.print("  lines skipped: " + ", ".join(f"{n} {k}" for n, k in skipped if n), highlight=False)
+    for path in report.log_lines.get("skipped_files", []):
+        console.print(f"  skipped   {safe(path)}", highlight=False)
     for c in report.compiled:
         console.print(f"  compiled  {safe(c['kernel'])}  {safe(c['specialization'])}  "
                       f"(missed {c['count']}x on {len(c['replicas'])} replicas)", highlight=False)

@@ -89,6 +89,8 @@ class FoldReport:
     helpers_built: int = 0  # launcher helpers the engine built here (logged or not)
     problems: list[str] = field(default_factory=list)  # engine problems not tied to a miss (helper builds)
     jobs: int = 0
+    # the logs' lines: how many, and how many were unreadable, foreign or malformed (skipped)
+    log_lines: dict = field(default_factory=dict)
     record: dict = field(default_factory=dict)  # the new artifact's compile record, summarized
     seconds: float = 0.0
 
@@ -151,7 +153,10 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
     check_same_compiler(manifest.fingerprint, bake.target)
     record = _base_record(source, bake)
     report = FoldReport(base=base, out=out, target=bake.target, base_layer_digest=bake.layer_digest,
-                        logs=merged.logs)
+                        logs=merged.logs,
+                        log_lines={"lines": merged.lines, "unreadable": merged.unreadable,
+                                   "foreign": merged.foreign, "malformed": merged.malformed,
+                                   "skipped_files": merged.skipped})
     work = Path(tempfile.mkdtemp(prefix=".cachebake-fold-",
                                  dir=_writable_parent(Path(out).absolute().parent)))
     try:
