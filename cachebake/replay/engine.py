@@ -235,7 +235,7 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
             if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
                 res.key_mismatches += 1
                 res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
-                                    f"({out['hash'][:12]} vs {spec.hash[:12]}): {spec.label()}")
+                                    f"({out['hash'][:12]} vs {shown(spec.hash[:12])}): {spec.label()}")
             if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
                 progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
         try:

@@ -299,7 +299,7 @@ def _fold_kernels(groups, triton_dir: Path, tfd: int, report: FoldReport, jobs, 
             report.failed.append({**_summary(g), "reason": str(e)})
             continue
         if spec.target != report.target:
-            report.failed.append({**_summary(g), "reason": f"missed on {spec.target}, "
+            report.failed.append({**_summary(g), "reason": f"missed on {shown(spec.target, 64)}, "
                                   f"the base bake is for {report.target}"})
             continue
         queued.setdefault(spec.spec_id(), (spec, []))[1].append(g)
