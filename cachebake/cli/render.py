@@ -269,3 +269,75 @@ def render_fingerprint(report, console: Console) -> None:
         text = " ".join(str(value).split()) if value is not None else None
         t.add_row(key, _long(text) if key == "triton_key" else _text(text))
     t.print(console)
+
+
+# ---------------------------------------------------------------------------- replay / misses
+# Every value below that came from a record, a miss log or an artifact (kernel names, keys,
+# specializations, replicas, times, problems) goes through ``safe`` (inside markup) or
+# ``printable`` (markup=False): a log is written by serving pods, which may be compromised.
+
+def render_replay(report, console: Console) -> None:
+    r = report.result
+    console.print(f"replayed {safe(report.source)} for {r.target} into {safe(report.out)}: "
+                  f"{r.compiled} compiled ({r.already} already there, {r.derived} autotune "
+                  f"candidates added), {r.helpers_built} launcher helpers, {r.autotune_carried} "
+                  f"autotune results carried ({r.autotune_not_carried} measured on another target, "
+                  f"not carried); {r.jobs} jobs, {r.seconds:.1f} s wall, {r.compile_seconds:.1f} s "
+                  "compiling", highlight=False)
+    for line in r.problems:
+        console.print(f"  problem: {printable(line)}", markup=False, highlight=False)
+
+
+def render_fold(report, console: Console) -> None:
+    carried = sum(a["result"] == "carried" for a in report.autotune)
+    console.print(f"folded {len(report.compiled)} kernel misses and {carried} autotune results "
+                  f"from {len(report.logs)} logs into [bold]{safe(report.out)}[/] ({report.target}, "
+                  f"layer {report.layer_digest[:19]}; {report.helpers_built} launcher helpers "
+                  f"built, {report.jobs} jobs)", highlight=False)
+    skipped = [(report.log_lines.get(k, 0), k) for k in ("unreadable", "foreign", "malformed")]
+    if any(n for n, _ in skipped):
+        console.print("  lines skipped: " + ", ".join(f"{n} {k}" for n, k in skipped if n), highlight=False)
+    for path in report.log_lines.get("skipped_files", []):
+        console.print(f"  skipped   {safe(path)}", highlight=False)
+    for c in report.compiled:
+        console.print(f"  compiled  {safe(c['kernel'])}  {safe(c['specialization'])}  "
+                      f"(missed {c['count']}x on {len(c['replicas'])} replicas)", highlight=False)
+    for c in report.in_base:
+        console.print(f"  in base   {safe(c['kernel'])}  {safe(c['specialization'])}", highlight=False)
+    for a in report.autotune:
+        what = ("result carried from serve time" if a["result"] == "carried"
+                else "in the base" if a["result"] == "in base"
+                else "NEEDS A BENCHMARK on the target")
+        console.print(f"  autotune  {safe(a['kernel'])}  tuning key {safe(a['tuning_key'])}: {what}",
+                      highlight=False)
+    for h in report.helpers:
+        where = "built here" if h["folded"] else "built by gcc at first launch on the target"
+        console.print(f"  helper    {safe(h['file'])}: {where}", highlight=False)
+    for line in report.problems:
+        console.print(f"  [yellow]problem[/] {safe(line)}", highlight=False)
+    for f in report.failed:
+        console.print(f"  [yellow]not folded[/] {safe(f['kernel'])} ({safe(str(f['key'])[:12])}): "
+                      f"{safe(f['reason'])}", highlight=False)
+
+
+def _short_time(iso: str) -> str:
+    """``2026-11-30T20:02:12.920Z`` -> ``11-30 20:02:12`` for the list (JSON keeps it all)."""
+    return iso[5:19].replace("T", " ") if len(iso) >= 19 else iso
+
+
+def render_misses(report, console: Console) -> None:
+    """One entry per group, two lines each: fits any terminal width."""
+    skipped = [(report.unreadable, "unreadable"), (report.foreign, "foreign"),
+               (report.malformed, "malformed")]
+    notes = ", ".join(f"{n} {what}" for n, what in skipped if n)
+    console.print(f"{report.misses} misses of {len(report.groups)} kernels/specializations from "
+                  f"{len(report.replicas)} replicas in {len(report.logs)} logs"
+                  + (f"; lines skipped: {notes}" if notes else ""), highlight=False)
+    for path in report.skipped:
+        console.print(f"  skipped {safe(path)}", highlight=False)
+    for g in report.groups:
+        kind = "" if g.kind == "kernel" else f" ({safe(g.kind)})"
+        console.print(f"{g.count:>5}x  [bold]{safe(g.kernel)}[/]{kind}  on {len(g.replicas)} "
+                      f"replica{'s' * (len(g.replicas) != 1)}, {safe(_short_time(g.first_seen))} .. "
+                      f"{safe(_short_time(g.last_seen))} UTC, {g.seconds:.2f} s", highlight=False)
+        console.print(f"        {printable(g.specialization)}", highlight=False, markup=False)
