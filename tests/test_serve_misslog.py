@@ -171,3 +171,19 @@ def test_log_made_private_in_the_overlay(tmp_path, monkeypatch):
     for d in (overlay, overlay / "logs"):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
     assert [m["kernel"] for m in servekit.miss_lines(overlay / "logs" / "misses.jsonl")] == ["k1"]
+
+
+def test_a_failed_autotune_candidate_is_logged_as_strict_json(tmp_path, monkeypatch):
+    """Triton times a config that fails to run as inf and writes its result file with
+    json.dumps (``Infinity``); the miss line must still be strict JSON, or the strict readers
+    (`cachebake misses`, fold-back) drop the line and the carried result with it."""
+    from cachebake import jsonio
+    from cachebake.roles import MISS_LOG_ENV
+
+    log = tmp_path / "misses.jsonl"
+    monkeypatch.setenv(MISS_LOG_ENV, str(log))
+    result = b'{"key": [8192, "torch.float16"], "configs_timings": [[{"BLOCK": 1}, [Infinity, 1.0]]]}'
+    misslog.note_file_miss("0" * 64, "scale_kernel.autotune.json", result, 0.5, "overlay")
+    (line,) = log.read_bytes().splitlines()
+    entry = jsonio.parse_json(line, "miss line")
+    assert entry["kind"] == "autotune" and entry["timings"][0][1] == ["inf", 1.0]

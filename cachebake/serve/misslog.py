@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any
 
+from cachebake import jsonio
 from cachebake.roles import MISS_LOG_ENV, MISS_LOG_NAME, OVERLAY_ENV
 from cachebake.serve import POD_ENV
 from cachebake.serve import overlay as overlay_mod
@@ -97,7 +98,9 @@ class _Writer:
         self.failed: set[str] = set()
 
     def write(self, entry: dict) -> None:
-        line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+        # strict JSON (a failed autotune candidate is timed inf: written "inf"), as every
+        # reader of these lines parses them (cachebake.jsonio)
+        line = (jsonio.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
         path = log_path()
         with self.lock:
             if path and path not in self.failed:
