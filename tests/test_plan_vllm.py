@@ -140,6 +140,39 @@ def test_driver_calls_equal_vllms(ref_name, key):
     assert checked > 50
 
 
+def test_batch_defaults_are_the_targets():
+    """Serve args that leave max_num_seqs / max_num_batched_tokens to vLLM get the target GPU's
+    defaults (EngineArgs.get_batch_defaults by its name and memory), not the CPU tier of the
+    machine computing the plan; the platform is the CPU one again afterwards."""
+    from vllm.platforms import current_platform
+
+    from cachebake.plan import gpu_target
+    from cachebake.plan.compute import compute_plan
+
+    r = load_recipe("nemotron-h:8b")
+    args = {k: v for k, v in r.serve_args.items() if k not in ("max_num_seqs", "max_num_batched_tokens")}
+    sched = lambda p: (p["scheduler"]["max_num_seqs"], p["scheduler"]["max_num_batched_tokens"])  # noqa: E731
+    h200 = compute_plan(r.hf_config, args, gpu_target("h200"))
+    assert sched(h200) == (1024, 8192) and h200["cudagraph"]["decode_cudagraph_max_bs"] == 512
+    assert sched(compute_plan(r.hf_config, args, gpu_target("40"))) == (256, 2048)
+    assert current_platform.is_cpu()
+
+
+def test_the_checks_default_seqs_plan_is_vllms():
+    """bench/engine_check/plans/ holds what `cachebake plan --serve-args '{"max_num_seqs": null}'`
+    computes for Nemotron-H 8B on an H200 (vLLM's own default, 1024 sequences)."""
+    import json
+
+    from cachebake.plan import gpu_target
+    from cachebake.plan.compute import compute_plan
+
+    path = Path(__file__).resolve().parent.parent / "bench/engine_check/plans/nemotron-h-8b-max-num-seqs-default.json"
+    stored = json.loads(path.read_text())["plan"]
+    r = load_recipe("nemotron-h:8b")
+    args = {**r.serve_args, "max_num_seqs": None}
+    assert compute_plan(r.hf_config, args, gpu_target("h200"), recipe=r.ref) == stored
+
+
 def test_encoder_describes_layouts():
     base = torch.zeros(10, 8, dtype=torch.int32)
     view = base[3:, 1]
