@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from cachebake.capture.env import STEP_ENV
-from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes, plan_steps
+from cachebake.drivers.engine_classes import plan_steps
+from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes
 from cachebake.drivers.kernels import check_plan_matches
 from cachebake.drivers.mamba_metadata import build_metadata, chunk_metadata
 from cachebake.errors import BadInput, ExitCode
