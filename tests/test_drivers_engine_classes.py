@@ -40,7 +40,7 @@ def _default(ref: str):
 
 
 def _seqs_plan():
-    return load_plan("nemotron-h", plan=str(DEFAULT_SEQS_PLAN))[1]
+    return load_plan("nemotron-h", serve_args={"max_num_seqs": None}, plan=str(DEFAULT_SEQS_PLAN))[1]
 
 
 @pytest.mark.parametrize("value", [0, 1, 2, 15, 16, 17, 48, 942, -16, -1, 2**31 - 16, 2**31 - 1,

@@ -61,6 +61,8 @@ def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | No
     recipe, args = resolve_model(model, tp, serve_args)
     if plan:
         found, source = read_plan(plan), f"file {plan}"
+        check_plan_matches(recipe, found)
+        check_plan_serve_args(args, found, plan)
     else:
         from cachebake.plan.store import plan_file, stored_plan
 
@@ -80,8 +82,22 @@ def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | No
 
             found = compute_plan(recipe.hf_config, args, gpu_target(gpu), recipe=recipe.ref)
             source = "computed with vllm"
-    check_plan_matches(recipe, found)
+        check_plan_matches(recipe, found)
     return recipe, found, source
+
+
+def check_plan_serve_args(args: dict[str, Any], plan: dict[str, Any], where: str) -> None:
+    """Refuse a plan file computed for other serve args than the bake's: the bake would cover
+    that plan's batches (max_num_seqs, capture sizes, the warm-up batch...) while the artifact
+    tells the server to start with these args.  Unset and absent are the same (vLLM's default)."""
+    from cachebake.plan.store import normalized_args
+
+    want, got = normalized_args(args), normalized_args(plan.get("serve_args") or {})
+    if want != got:
+        diff = ", ".join(f"{k} {got.get(k)!r} (plan) vs {want.get(k)!r} (bake)"
+                         for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k))
+        raise BadInput(f"{where}: the engine plan was computed for other serve args: {diff}; "
+                       "bake with the serve args the plan names, or compute a plan for these")
 
 
 def check_plan_matches(recipe, plan: dict[str, Any]) -> None:
