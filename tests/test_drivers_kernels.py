@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from cachebake.capture.env import STEP_ENV
-from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes, plan_steps
+from cachebake.drivers.engine_classes import plan_steps
+from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes
 from cachebake.drivers.kernels import check_plan_matches
 from cachebake.drivers.mamba_metadata import build_metadata, chunk_metadata
 from cachebake.errors import BadInput, ExitCode
@@ -179,6 +180,8 @@ def test_a_plan_file_reaches_the_driver(tmp_path):
     assert plan == _default("zamba2") and source == f"file {path}"
     with pytest.raises(BadInput, match="not for nemotron-h:8b"):
         load_plan("nemotron-h", plan=str(path))
+    with pytest.raises(BadInput, match="max_num_seqs 256 \\(plan\\) vs 64 \\(bake\\)"):
+        load_plan("zamba2", serve_args={"max_num_seqs": 64}, plan=str(path))
     with pytest.raises(BadInput, match="for --driver kernels"):
         make_driver("vllm", None, model="zamba2", plan=str(path))
     with pytest.raises(BadInput, match="no such engine plan"):

@@ -115,7 +115,7 @@ class _DriverRecording:
 
 @pytest.mark.parametrize("ref_name,key", DRIVER_CASES, ids=[f"{r}/{k}" for r, k in DRIVER_CASES])
 def test_driver_calls_equal_vllms(ref_name, key):
-    from cachebake.drivers.engine_steps import plan_steps
+    from cachebake.drivers.engine_classes import plan_steps
 
     recipe = load_recipe(ref_name)
     plan = load_store(recipe.name)["variants"][recipe.variant][key]["plan"]
@@ -129,7 +129,7 @@ def test_driver_calls_equal_vllms(ref_name, key):
                 ours += driver.run(step)
         assert compare_calls(warm, ours) == [], "profile-run SSD warm-up differs"
         for step in plan_steps(plan):
-            if step.kind != "forward" or step.ssu_batch:
+            if step.kind != "forward":
                 continue
             rows = [(r.computed, r.scheduled, r.prefilling) for r in step.rows]
             _, theirs = ref.forward(rows, _ref_blocks(step, plan), capture=step.capture,
@@ -138,6 +138,64 @@ def test_driver_calls_equal_vllms(ref_name, key):
             assert diffs == [], f"{step.label}: " + "; ".join(diffs[:4])
             checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("key", ["tp=1,prefix=default,spec=off", "tp=1,prefix=default,spec=ngram"])
+def test_reachable_steps_calls_equal_vllms(key):
+    """The coverage proof's reachable steps (engine_classes.reachable_steps, whose keys
+    bench/engine_check/reachable_keys.py checks against the sweep's) are steps vLLM's own
+    builder and mixer turn into the same calls: a spread sample of ~150, the largest decode-only
+    and mixed batches and the largest warm-up batch included."""
+    from cachebake.drivers.engine_classes import reachable_steps
+
+    recipe = load_recipe("nemotron-h:8b")
+    plan = load_store(recipe.name)["variants"][recipe.variant][key]["plan"]
+    steps = [s for s in reachable_steps(plan)
+             if s.kind == "forward" and not s.label.startswith(("reach/startup/", "reach/n=1/"))]
+    last = {prefix: s for s in steps for prefix in ("reach/decode/", "reach/mixed/", "reach/n=")
+            if s.label.startswith(prefix)}
+    sample = steps[:: max(1, len(steps) // 150)] + list(last.values())
+    driver = _DriverRecording(plan)
+    with ReferenceLayer(plan, recipe.hf_config) as ref:
+        for step in sample:
+            rows = [(r.computed, r.scheduled, r.prefilling) for r in step.rows]
+            _, theirs = ref.forward(rows, _ref_blocks(step, plan))
+            diffs = compare_calls(theirs, driver.run(step))
+            assert diffs == [], f"{step.label}: " + "; ".join(diffs[:4])
+    assert len(sample) > 100
+
+
+def test_batch_defaults_are_the_targets():
+    """Serve args that leave max_num_seqs / max_num_batched_tokens to vLLM get the target GPU's
+    defaults (EngineArgs.get_batch_defaults by its name and memory), not the CPU tier of the
+    machine computing the plan; the platform is the CPU one again afterwards."""
+    from vllm.platforms import current_platform
+
+    from cachebake.plan import gpu_target
+    from cachebake.plan.compute import compute_plan
+
+    r = load_recipe("nemotron-h:8b")
+    args = {k: v for k, v in r.serve_args.items() if k not in ("max_num_seqs", "max_num_batched_tokens")}
+    sched = lambda p: (p["scheduler"]["max_num_seqs"], p["scheduler"]["max_num_batched_tokens"])  # noqa: E731
+    h200 = compute_plan(r.hf_config, args, gpu_target("h200"))
+    assert sched(h200) == (1024, 8192) and h200["cudagraph"]["decode_cudagraph_max_bs"] == 512
+    assert sched(compute_plan(r.hf_config, args, gpu_target("40"))) == (256, 2048)
+    assert current_platform.is_cpu()
+
+
+def test_the_checks_default_seqs_plan_is_vllms():
+    """bench/engine_check/plans/ holds what `cachebake plan --serve-args '{"max_num_seqs": null}'`
+    computes for Nemotron-H 8B on an H200 (vLLM's own default, 1024 sequences)."""
+    import json
+
+    from cachebake.plan import gpu_target
+    from cachebake.plan.compute import compute_plan
+
+    path = Path(__file__).resolve().parent.parent / "bench/engine_check/plans/nemotron-h-8b-max-num-seqs-default.json"
+    stored = json.loads(path.read_text())["plan"]
+    r = load_recipe("nemotron-h:8b")
+    args = {**r.serve_args, "max_num_seqs": None}
+    assert compute_plan(r.hf_config, args, gpu_target("h200"), recipe=r.ref) == stored
 
 
 def test_encoder_describes_layouts():

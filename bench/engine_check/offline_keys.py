@@ -39,6 +39,7 @@ class KeyRecorder:
 
         self.backend = make_backend(GPUTarget("cuda", arch, 32))
         self.keys: dict[str, set] = defaultdict(set)  # label -> {(kernel, key)}
+        self.calls = 0  # binder calls: kernel launches, every autotune candidate counted
         self.label = "-"
         binders: dict[int, object] = {}
         rec = self
@@ -50,6 +51,7 @@ class KeyRecorder:
             if binder is None:
                 binder = binders[id(fn)] = create_function_from_signature(fn.signature, fn.params, rec.backend)
             _, specialization, options = binder(*args, **kwargs)
+            rec.calls += 1
             rec.keys[rec.label].add((fn.__name__, repr(specialization), repr(sorted(options.items()))
                                      if isinstance(options, dict) else repr(options)))
             return None
@@ -95,17 +97,20 @@ def trace_keys(rec: KeyRecorder, path: str) -> None:
             ops[call["op"]](**kwargs)
 
 
-def driver_keys(rec: KeyRecorder, model: str) -> None:
-    from cachebake.drivers.engine_steps import plan_steps
+def driver_keys(rec: KeyRecorder, model: str, plan_file: str | None = None) -> int:
+    """The kernels driver's sweep for ``model`` (its stored plan, or ``plan_file``), every launch
+    recorded; returns the number of steps."""
+    from cachebake.drivers.engine_classes import plan_steps
     from cachebake.drivers.kernels import load_plan
     from cachebake.drivers.mamba2_ops import EngineMixer
 
-    _, plan, _ = load_plan(model)
+    _, plan, _ = load_plan(model, plan=plan_file)
     mixer = EngineMixer(plan, device="cpu", random_inputs=False)
-    for planned in plan_steps(plan):
-        for step in mixer.expand(planned):
-            rec.label = f"driver:{step.label}"
-            mixer.run(step)
+    steps = plan_steps(plan, config_of=mixer.ssu_launch_config)
+    for step in steps:
+        rec.label = f"driver:{step.label}"
+        mixer.run(step)
+    return len(steps)
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 
 A step is one forward pass as the Mamba2 metadata builder sees it: the batch's request rows
 (decodes first, as vLLM's input batch orders them) with each row's tokens already in its
-state and tokens scheduled now.  ``plan_steps`` lists, in engine order:
+state and tokens scheduled now.  ``startup_steps`` and ``serving_steps`` list, in engine order:
 
 start-up (what ``vllm serve`` runs before it accepts a request, Model Runner V2):
   * the profile run: ``MambaMixer2._warmup_ssd_kernels``, four SSD scans on plain
@@ -20,20 +20,20 @@ Model Runner V2's batch order, ``batch_order``):
   * first prefills of one prompt around the SSD chunk boundaries and of several prompts;
   * prompts longer than ``max_num_batched_tokens``: the first chunk, then continuations
     that start from the saved state (``HAS_INITSTATES``), on and off a chunk boundary;
-  * mixed steps, decodes before a prefill, for every joint 16-byte alignment class of the
-    pointers that move with the decode rows (the prefill's state indices are
-    ``table[num_decodes:, 0]``) and decode tokens (its rows of in_proj's and the SSD output);
-  * mixed steps at each decode count that picks another selective-state-update launch config
-    (resolved on the GPU from vLLM's per-GPU tables, see ``mamba2_ops``);
-  * eager decode-only batches larger than the biggest FULL graph, when ``max_num_seqs``
-    allows them;
+  * mixed steps, decodes before a prefill (of 100 tokens, resumed, or a one-token prompt),
+    for every joint 16-byte alignment class of the pointers that move with the decode rows
+    (the prefill's state indices are ``table[num_decodes:, 0]``) and decode tokens (its rows
+    of in_proj's and the SSD output);
   * with prefix caching ("align" mode): prefills that take a mid-prefill checkpoint, and
     prefix-cache hits that resume from a cached block;
   * with speculative decoding: decode rows of ``1 + k`` tokens (and rows the drafter gave
     nothing), mixed and in non-uniform decode batches.
 
-Pure: no torch, no vllm.  ``mamba_metadata.build_metadata`` turns a step into the tensors'
-values and layouts vLLM's builder makes; ``mamba2_ops`` runs it on the GPU.
+Batch sizes are not sampled here: which decode-row counts the engine can launch with (every
+warm-up batch the KV cache can make, every decode-only and mixed batch) and one step per
+specialization class they fall into are ``engine_classes``'s, whose ``plan_steps`` is the
+sweep.  Pure: no torch, no vllm.  ``mamba_metadata.build_metadata`` turns a step into the
+tensors' values and layouts vLLM's builder makes; ``mamba2_ops`` runs it on the GPU.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
-
-from cachebake.errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,6 @@ class Step:
     capture: bool = False  # a FULL-graph capture: build_for_cudagraph_capture
     profiling: bool = False  # the memory-profiling capture's KV cache (see module doc)
     ssd_variant: tuple[bool, bool] | None = None  # (initial states, final states)
-    ssu_batch: bool = False  # chosen for its selective-state-update launch config
     notes: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -105,8 +102,8 @@ def _lens_label(lens) -> str:
 
 
 def startup_steps(plan: dict[str, Any]) -> list[Step]:
-    sched, spec, cg, warm = plan["scheduler"], plan["spec"], plan["cudagraph"], plan["warmup"]
-    max_reqs, q = sched["max_num_seqs"], spec["decode_query_len"]
+    cg, warm = plan["cudagraph"], plan["warmup"]
+    max_reqs = plan["scheduler"]["max_num_seqs"]
     steps = [Step(f"startup/profile-run/ssd-warmup/init={int(i)}/final={int(f)}", "startup",
                   kind="ssd_warmup", ssd_variant=(i, f))
              for i, f in itertools.product((False, True), repeat=2)]
@@ -121,10 +118,20 @@ def startup_steps(plan: dict[str, Any]) -> list[Step]:
         steps.append(Step(f"startup/compile-warmup/tokens={size}", "startup",
                           rows=_dummy_rows(reqs, size)))
 
-    # warmup_kernels (vllm/v1/worker/gpu/warmup.py), before capture: nothing replays yet.
-    n, plen = warm["num_reqs"], warm["prompt_len"]
-    steps.append(Step(f"startup/warmup-kernels/prefill/{n}x{plen}", "startup",
-                      rows=tuple(Row(0, plen, True) for _ in range(n))))
+    steps += warmup_kernels_steps(plan, warm["num_reqs"])
+    steps += _capture_steps(plan, profiling=False)
+    return steps
+
+
+def warmup_kernels_steps(plan: dict[str, Any], n: int) -> list[Step]:
+    """warmup_kernels (vllm/v1/worker/gpu/warmup.py) with a batch of ``n`` requests, before
+    capture (nothing replays yet): one prefill of ``n`` prompts, then decodes of all, two and
+    one of them.  ``n`` is what the KV block count allows (the plan's estimate; the real one
+    depends on the GPU's free memory, see ``engine_classes.warmup_batch_cap``)."""
+    spec, plen = plan["spec"], plan["warmup"]["prompt_len"]
+    q = spec["decode_query_len"]
+    steps = [Step(f"startup/warmup-kernels/prefill/{n}x{plen}", "startup",
+                  rows=tuple(Row(0, plen, True) for _ in range(n)))]
     k = spec["num_speculative_tokens"]
     decode_shapes: list[tuple[int, ...]] = [tuple([q if k else 1] * n)]
     if n >= 2:
@@ -144,7 +151,6 @@ def startup_steps(plan: dict[str, Any]) -> list[Step]:
         steps.append(Step(f"startup/warmup-kernels/decode/{_lens_label(shape)}", "startup",
                           rows=batch_order([Row(computed, t, False) for t in shape], q)))
         computed += q
-    steps += _capture_steps(plan, profiling=False)
     return steps
 
 
@@ -201,8 +207,7 @@ def decode_shapes(plan: dict[str, Any]) -> list[tuple[int, ...]]:
 
 
 def serving_steps(plan: dict[str, Any]) -> list[Step]:
-    sched, mx, spec, cache, cg = (plan["scheduler"], plan["mixer"], plan["spec"], plan["cache"],
-                                  plan["cudagraph"])
+    sched, mx, spec, cache = plan["scheduler"], plan["mixer"], plan["spec"], plan["cache"]
     c, budget, max_reqs = mx["chunk_size"], sched["max_num_batched_tokens"], sched["max_num_seqs"]
     max_len = sched["max_model_len"]
     k, q = spec["num_speculative_tokens"], spec["decode_query_len"]
@@ -236,23 +241,16 @@ def serving_steps(plan: dict[str, Any]) -> list[Step]:
 
     # Mixed steps: decodes, then one prefill, for every joint alignment class of the pointers
     # that move with the decode rows and tokens, with the prefill fresh and continuing.
-    dec = lambda i: Row(1000 + i, q, False)  # noqa: E731 (a decoding request, k drafts)
     decoding = lambda shape: [Row(1000 + i, t, False) for i, t in enumerate(shape)]  # noqa: E731
+    # A one-token prompt is its own class for causal_conv1d_fn: its output is
+    # torch.empty_like of a (dim, 1) slice of in_proj's output, which keeps that slice's
+    # token stride (the in_proj width) where longer prefills get the conv width.
     shapes = decode_shapes(plan)
     for shape in shapes:
         tag = f"decodes={len(shape)}" + (f"x{sum(shape)}tok" if k else "")
         add(f"serve/mixed/{tag}/prefill=100", decoding(shape) + [Row(0, 100, True)])
+        add(f"serve/mixed/{tag}/prefill=1", decoding(shape) + [Row(0, 1, True)])
         add(f"serve/mixed/{tag}/continue=100@{c + 37}", decoding(shape) + [Row(c + 37, 100, True)])
-    # A decode count per selective-state-update launch config: the GPU side picks them.
-    add("serve/mixed/ssu-batches", [dec(0), Row(0, 17, True)], ssu_batch=True,
-        notes={"decode_counts": "resolved on the GPU",
-               "max_decodes": min(max_reqs - 1, (budget - 17) // q)})
-
-    # Decode-only batches the FULL graphs do not cover run eagerly at their exact size.
-    largest = cg["decode_cudagraph_max_bs"] if "FULL" in cg["mode"] else 0
-    for b in sorted({largest + 1, largest + 16, max_reqs}):
-        if largest < b <= max_reqs and b * q <= budget:
-            add(f"serve/decode-eager/bs={b}", [dec(i) for i in range(b)])
 
     if align:
         # A prefill spanning more than two Mamba blocks checkpoints the block-boundary state
@@ -276,14 +274,4 @@ def serving_steps(plan: dict[str, Any]) -> list[Step]:
             add(f"serve/spec/decode/{n_spec}x{q}+{n_plain}x1", rows)
         add(f"serve/spec/mixed/{q}+1+prefill=100",
             [Row(1000, q, False), Row(2000, 1, False), Row(0, 100, True)])
-    return steps
-
-
-def plan_steps(plan: dict[str, Any]) -> list[Step]:
-    """Every step one round runs, start-up first.  Labels are unique."""
-    steps = startup_steps(plan) + serving_steps(plan)
-    labels = [s.label for s in steps]
-    if len(labels) != len(set(labels)):
-        dup = sorted({x for x in labels if labels.count(x) > 1})
-        raise BadInput(f"engine steps repeat labels: {dup[:3]}")
     return steps

@@ -6,9 +6,11 @@ value class, HAS_INITSTATES, a launch config picked from a per-GPU table...).  T
 runs one TP rank's Mamba2 layer through every engine step that can reach one: the start-up
 phase (profile-run SSD warm-up, ``warmup_kernels``, CUDA-graph capture) and the serving steps
 users cause (first prefills, chunked-prefill continuations, mixed decode + prefill steps at
-every pointer-alignment class and launch config, eager decode batches, prefix-cache
-checkpoints and hits, speculative decoding) -- with the engine's own layouts, from an
-*engine plan* (``cachebake.plan``) that vLLM computed for the model, serve args and GPU.
+every pointer-alignment class, prefix-cache checkpoints and hits, speculative decoding), plus
+one step for every decode class -- the path, int class and selective-state-update launch
+config of a decode-row count -- that any warm-up batch (it depends on the GPU's free KV
+blocks) or decode batch size can reach (``engine_classes``) -- with the engine's own layouts,
+from an *engine plan* (``cachebake.plan``) that vLLM computed for the model, serve args and GPU.
 
 Where the plan comes from (``load_plan``): a file given explicitly; else the stored plan of
 the recipe variant whose serve args are exactly these (``cachebake/recipes/plans/``); else
@@ -20,8 +22,8 @@ Each step sets ``CACHEBAKE_STEP`` to its label before it runs, so every compile 
 records names the engine step that needs it; the round's record (``kernels-bake.json`` beside
 the monitor log: plan, steps) becomes part of the bake section of the manifest.
 
-``plan_steps``/``build_metadata`` are pure (tests run them on CPU); the GPU part is
-``mamba2_ops.EngineMixer``.
+``engine_classes.plan_steps``/``build_metadata`` are pure (tests run them on CPU); the GPU part
+is ``mamba2_ops.EngineMixer``, which also resolves the launch configs from vLLM's tables.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from cachebake.capture.env import MONITOR_LOG_ENV, STEP_ENV
-from cachebake.drivers.engine_steps import Step, plan_steps
+from cachebake.drivers.engine_classes import plan_steps
+from cachebake.drivers.engine_steps import Step
 from cachebake.errors import BadInput, Unsupported
 
 RECORD_NAME = "kernels-bake.json"
@@ -58,6 +61,8 @@ def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | No
     recipe, args = resolve_model(model, tp, serve_args)
     if plan:
         found, source = read_plan(plan), f"file {plan}"
+        check_plan_matches(recipe, found)
+        check_plan_serve_args(args, found, plan)
     else:
         from cachebake.plan.store import plan_file, stored_plan
 
@@ -77,8 +82,22 @@ def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | No
 
             found = compute_plan(recipe.hf_config, args, gpu_target(gpu), recipe=recipe.ref)
             source = "computed with vllm"
-    check_plan_matches(recipe, found)
+        check_plan_matches(recipe, found)
     return recipe, found, source
+
+
+def check_plan_serve_args(args: dict[str, Any], plan: dict[str, Any], where: str) -> None:
+    """Refuse a plan file computed for other serve args than the bake's: the bake would cover
+    that plan's batches (max_num_seqs, capture sizes, the warm-up batch...) while the artifact
+    tells the server to start with these args.  Unset and absent are the same (vLLM's default)."""
+    from cachebake.plan.store import normalized_args
+
+    want, got = normalized_args(args), normalized_args(plan.get("serve_args") or {})
+    if want != got:
+        diff = ", ".join(f"{k} {got.get(k)!r} (plan) vs {want.get(k)!r} (bake)"
+                         for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k))
+        raise BadInput(f"{where}: the engine plan was computed for other serve args: {diff}; "
+                       "bake with the serve args the plan names, or compute a plan for these")
 
 
 def check_plan_matches(recipe, plan: dict[str, Any]) -> None:
@@ -116,22 +135,21 @@ def run_sweep(model: str = "nemotron-h", tp: int | None = None, *, serve_args=No
     from cachebake.drivers.mamba2_ops import EngineMixer
 
     recipe, found, source = load_plan(model, tp, serve_args, plan, gpu)
-    steps = plan_steps(found)
     mixer = EngineMixer(found)
+    steps = plan_steps(found, config_of=mixer.ssu_launch_config)
     ran: list[Step] = []
     timings: list[tuple[float, str]] = []
     t0 = time.perf_counter()
     try:
-        for planned in steps:
-            for step in mixer.expand(planned):
-                os.environ[STEP_ENV] = step.label
-                if on_step is not None:
-                    on_step(step)
-                t = time.perf_counter()
-                mixer.run(step)
-                torch.cuda.synchronize()
-                timings.append((time.perf_counter() - t, step.label))
-                ran.append(step)
+        for step in steps:
+            os.environ[STEP_ENV] = step.label
+            if on_step is not None:
+                on_step(step)
+            t = time.perf_counter()
+            mixer.run(step)
+            torch.cuda.synchronize()
+            timings.append((time.perf_counter() - t, step.label))
+            ran.append(step)
     finally:
         os.environ.pop(STEP_ENV, None)
     _write_record(bake_record(recipe, found, source, ran))
@@ -169,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             _, found, source = load_plan(args.model, args.tp, args.serve_args, args.plan, args.gpu_memory)
             print(f"# plan: {source}")
+            print("# decode classes by path and int class; a round also splits them by vLLM's "
+                  "per-GPU selective-state-update launch configs")
             for step in plan_steps(found):
                 print(step.label)
             return 0

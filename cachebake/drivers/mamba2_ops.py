@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cachebake.drivers.engine_steps import Row, Step, batch_order
+from cachebake.drivers.engine_steps import Step
 from cachebake.drivers.mamba_metadata import IntView, MambaMetadata, build_metadata
 
 # State blocks the driver allocates: block ids only have to address existing slots (they
@@ -102,23 +102,13 @@ class EngineMixer:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def expand(self, step: Step) -> list[Step]:
-        """A step as concrete steps: ``ssu_batch`` becomes one mixed step per decode count at
-        which vLLM's selective_state_update picks a new launch config on this GPU."""
-        if not step.ssu_batch:
-            return [step]
-        mx, spec = self.plan["mixer"], self.plan["spec"]
-        cache_dtype = self.plan["cache"]["ssm_state_dtype"]
-        seen: dict[tuple, int] = {}
-        for n in range(1, step.notes["max_decodes"] + 1):
-            cfg = self.ssu_config(mx["head_dim"], mx["d_state"], n, mx["num_heads"], cache_dtype,
-                                  self.is_blackwell)
-            seen.setdefault(tuple(cfg), n)
-        q = spec["decode_query_len"]
-        prefill = step.rows[-1]
-        return [Step(f"{step.label}/decodes={n}", step.phase,
-                     rows=batch_order([Row(1000 + i, q, False) for i in range(n)] + [prefill], q))
-                for n in sorted(seen.values())]
+    def ssu_launch_config(self, decode_rows: int) -> tuple[int, int]:
+        """selective_state_update's (BLOCK_SIZE_M, num_warps) for ``decode_rows`` rows on this
+        GPU: vLLM's per-GPU table entry closest to rows * heads (a tl.constexpr and a launch
+        option of the kernel, so part of its key; ``engine_classes`` splits classes by it)."""
+        mx = self.plan["mixer"]
+        return tuple(self.ssu_config(mx["head_dim"], mx["d_state"], decode_rows, mx["num_heads"],
+                                     self.plan["cache"]["ssm_state_dtype"], self.is_blackwell))
 
     def run(self, step: Step) -> None:
         if step.kind == "ssd_warmup":

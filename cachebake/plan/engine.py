@@ -147,6 +147,7 @@ def _check_supported(vc) -> None:
 def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
     """Answer vLLM's hardware questions with ``target`` while the plan is computed."""
     import vllm.config.vllm as config_vllm
+    from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform
     from vllm.platforms.interface import DeviceCapability
 
@@ -167,6 +168,8 @@ def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
     for k, v in answers.items():
         setattr(cls, k, v)
     config_vllm.HAS_TRITON = True  # the GPU builder has Triton: Model Runner V2 applies
+    batch_defaults = EngineArgs.__dict__["get_batch_defaults"]
+    EngineArgs.get_batch_defaults = classmethod(_target_batch_defaults(batch_defaults.__func__))
     try:
         yield
     finally:
@@ -176,6 +179,29 @@ def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
             else:
                 setattr(cls, k, v)
         config_vllm.HAS_TRITON = saved_triton
+        EngineArgs.get_batch_defaults = batch_defaults
+
+
+def _target_batch_defaults(batch_defaults):
+    """``EngineArgs.get_batch_defaults`` as the target answers it: the default max_num_seqs and
+    max_num_batched_tokens (used when the serve args leave them out) go by the GPU's name and
+    memory, but vLLM checks ``current_platform.is_cpu()`` last and would give this CPU's tier
+    (128 sequences, 2048 tokens) instead of the target's (1024 and 8192 on an H200).  The
+    platform reads as CUDA for that one call only."""
+    from vllm.platforms import PlatformEnum, current_platform
+
+    def target(cls, *args, **kwargs):
+        own = "_enum" in vars(current_platform)
+        saved = current_platform._enum
+        current_platform._enum = PlatformEnum.CUDA
+        try:
+            return batch_defaults(cls, *args, **kwargs)
+        finally:
+            if own:
+                current_platform._enum = saved
+            else:
+                del current_platform._enum
+    return target
 
 
 def _engine_config(hf_config: dict[str, Any], serve_args: dict[str, Any], model_dir: str):

@@ -43,7 +43,8 @@ def combinations(recipe) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"tp={tp},prefix={prefix},spec={'ngram' if spec else 'off'}", args
 
 
-def _normalized(args: dict[str, Any]) -> dict[str, Any]:
+def normalized_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Serve args as a plan is matched by: unset (None) is vLLM's default, the same as absent."""
     return {k: v for k, v in args.items() if v is not None}
 
 
@@ -63,10 +64,10 @@ def stored_plan(recipe, serve_args: dict[str, Any], gpu: str | None = None) -> d
     if not store:
         return None
     target = gpu_target(gpu)
-    want = _normalized(serve_args)
+    want = normalized_args(serve_args)
     for entry in store.get("variants", {}).get(recipe.variant, {}).values():
         plan = entry.get("plan")
-        if plan and _normalized(plan["serve_args"]) == want and _same_target(plan["target"], target):
+        if plan and normalized_args(plan["serve_args"]) == want and _same_target(plan["target"], target):
             return check_plan(plan, str(plan_file(recipe.name)))
     return None
 
