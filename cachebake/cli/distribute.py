@@ -64,11 +64,15 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
 @click.option("--vllm-role/--no-vllm-role", default=True, show_default=True,
               help="image-volume: the bake has a vllm role, copied to a writable emptyDir at ROOT/vllm "
                    "(the image's roles are not visible here; `cachebake inspect` lists them).")
+@click.option("--bake", "bake_file", type=click.Path(exists=True),
+              help="The same bake as a local artifact or manifest JSON (default: --artifact when "
+                   "it is a local path): the server gets the variables vLLM's torch.compile "
+                   "hashes need from it (e.g. vLLM 0.24's VLLM_CONFIG_ROOT).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
-        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, fmt, as_json, cmd):
+        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, bake_file, fmt, as_json, cmd):
     """Kubernetes manifests that give a vLLM server its bake: an init container filling an
     emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
     from cachebake.distribute.k8s import ManifestReport, PodPlan, manifest, render, server_command
@@ -79,7 +83,23 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
                    name=name, root=str(root or DEFAULT_ROOT), command=server_command(model, cmd),
                    gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify,
                    vllm_role=vllm_role)
+    import os
+
+    from cachebake.serveargs import identity_serve_env
+
+    source = bake_file or (artifact if os.path.exists(artifact) else None)
+    extra_notes = []
+    if source is not None:
+        from cachebake.serve.command import read_manifest
+
+        bake = read_manifest(source, target).get("bake") or {}
+        plan.compile_env = identity_serve_env(bake)
+    else:
+        extra_notes.append("the server's environment lacks the variables vLLM's torch.compile "
+                           "hashes need from the bake (--bake ARTIFACT adds them); check with "
+                           "`cachebake verify --check-only` in the serving image")
     doc, notes = manifest(plan)
+    notes += extra_notes
     output(as_json).emit(ManifestReport(render(doc, notes, fmt), doc, notes))
     for note in notes:
         click.echo(f"cachebake: note: {note}", err=True)

@@ -76,6 +76,8 @@ class PodPlan:
     pull_secret: str | None = None
     tls_verify: bool | None = None
     vllm_role: bool = True  # image-volume: the bake has a vllm role (not visible from a reference)
+    # what vLLM's torch.compile hashes need (serveargs.identity_serve_env of the bake's record)
+    compile_env: dict[str, str] = field(default_factory=dict)
 
 
 def server_command(model: str | None, cmd: tuple[str, ...] | list[str]) -> list[str]:
@@ -200,7 +202,7 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     server: dict = {"name": plan.name, "image": plan.serving_image}
     if plan.command:
         server["command"] = plan.command
-    server["env"] = _env(_server_env(plan.root))
+    server["env"] = _env({**_server_env(plan.root), **plan.compile_env})
     server["volumeMounts"] = []
     if plan.gpus:
         server["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus}}

@@ -382,6 +382,7 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
     probe_file = Path(probe) if probe else probe_path()
     probe_file.unlink(missing_ok=True)
     os.environ[vllm_identity.PROBE_ENV] = str(probe_file)
+    start_env = dict(os.environ)  # before vLLM sets variables of its own
     t0 = time.monotonic()
     with _step("vllm-startup"):
         import vllm
@@ -395,7 +396,8 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
     try:
         from vllm.engine.arg_utils import EngineArgs
 
-        identity = vllm_identity.bake_identity(vllm_config, kwargs, events, EngineArgs(**kwargs))
+        identity = vllm_identity.bake_identity(vllm_config, kwargs, events, EngineArgs(**kwargs),
+                                               start_env=start_env)
     except Exception as e:  # noqa: BLE001 - the bake stands; the record says what is missing
         identity = {"schema": vllm_identity.IDENTITY_SCHEMA, "error": repr(e)[:500]}
         print(f"cachebake: vLLM's compile identity could not be recorded: {e!r}", flush=True)

@@ -577,14 +577,39 @@ def vllm_cache_dirs(cache_root: str | None) -> list[dict[str, Any]]:
     return out
 
 
+@contextmanager
+def _only_environ(env: dict[str, str] | None) -> Iterator[None]:
+    """``os.environ`` is ``env`` for the duration (vLLM's getters read it live)."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def bake_identity(vllm_config: Any, kwargs: dict[str, Any], events: list[dict[str, Any]],
-                  engine_args: Any = None) -> dict[str, Any]:
-    """The bake's torch.compile identity: what a server must match (see the module doc)."""
+                  engine_args: Any = None, start_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The bake's torch.compile identity: what a server must match (see the module doc).
+
+    ``start_env``: the environment the round started with, before vLLM set variables of its
+    own while building its config (its CPU platform sets VLLM_DISABLE_SHARED_EXPERTS_STREAM,
+    config/vllm.py may set VLLM_USE_BREAKABLE_CUDAGRAPH): the factors are recorded as a server
+    process computes them from the same start, which is what ``verify --check-only`` does; the
+    engine's own hash is recorded beside them (``engine``)."""
     import torch
     import vllm
     import vllm.envs as envs
 
-    factors = envs.compile_factors()
+    with _only_environ(start_env):
+        factors = envs.compile_factors()
+        moved = path_factors(envs.compile_factors)
+        were_set = set_factors(list(factors))
     recorded = env_factor_values(factors)
     backends = [e for e in events if e.get("event") == "backend" and "env_hash" in e]
     loads = [e for e in events if e.get("event") == "aot_load" and "aot_hash" in e]
@@ -609,8 +634,8 @@ def bake_identity(vllm_config: Any, kwargs: dict[str, Any], events: list[dict[st
         "model": model,
         "env_factors": recorded,
         "env_hash": hash_factors(factors),
-        "path_factors": path_factors(envs.compile_factors),
-        "set_factors": set_factors(list(factors)),
+        "path_factors": moved,
+        "set_factors": were_set,
         "config_hash": vllm_config.compute_hash(),
         "config_parts": config_parts(vllm_config),
         "engine_args": engine_args_values(engine_args) if engine_args is not None else None,

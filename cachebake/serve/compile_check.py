@@ -26,8 +26,10 @@ costs; the measured cost of a torch.compile miss is shared/FACTS.md's (vLLM 0.24
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,16 +182,25 @@ def server_engine_args(model: str, flags: list[str]) -> tuple[dict[str, Any], li
     names = {f.name for f in dataclasses.fields(EngineArgs)}
     frontend = sorted(k for k in parsed if k not in names)
     kwargs = {k: v for k, v in parsed.items() if k in names}
+    import huggingface_hub.constants as hc
+
+    offline = hc.HF_HUB_OFFLINE
+    # A model directory the check cannot see (an init container without the model's volume):
+    # vLLM keeps an existing path as it is (repo_utils ``get_model_path``), which is what the
+    # server, where it exists, will do; offline, vLLM would take a missing one for a repo id.
+    keep_path = bool(model) and os.path.isabs(model) and not os.path.exists(model)
     try:
+        if keep_path:
+            hc.HF_HUB_OFFLINE = False
         ea = EngineArgs(model=model, **{**BAKE_ONLY, **kwargs})
     except Exception as e:  # noqa: BLE001 - vLLM refuses the flags: the server would too
         raise BadInput(f"vLLM refuses the server's arguments: {e}") from None
+    finally:
+        hc.HF_HUB_OFFLINE = offline
     return vi.engine_args_values(ea), frontend
 
 
 def _quote(arg: str) -> str:
-    import shlex
-
     return shlex.quote(arg)
 
 
@@ -217,8 +228,6 @@ def _traced_here(identity: dict[str, Any], roots: dict[str, str]) -> tuple[list[
 
 
 def _sha256_text(path: str) -> str | None:
-    import hashlib
-
     try:
         if os.path.getsize(path) > MAX_TRACED_BYTES:
             return None
@@ -233,6 +242,23 @@ def _read_bounded(path: str) -> str:
         raise OSError(f"{path} is over {MAX_TRACED_BYTES} bytes")
     with open(path) as f:
         return f.read()
+
+
+def _config_sha256(model_dir: str) -> str | None:
+    """The sha256 the bake records for its config.json (vllm_engine.config_bytes), of the
+    config.json the server's vLLM will parse; None where the check cannot see it."""
+    from cachebake import jsonio
+    from cachebake.drivers.vllm_engine import config_bytes
+    from cachebake.errors import CachebakeError
+
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isabs(model_dir) or not os.path.isfile(path):
+        return None
+    try:
+        doc = jsonio.load_document(path, "the model's config.json", 16 << 20)
+    except CachebakeError:
+        return "(unreadable)"
+    return hashlib.sha256(config_bytes(doc)).hexdigest() if isinstance(doc, dict) else "(not an object)"
 
 
 def _hashed_args(identity: dict[str, Any]) -> dict[str, str]:
@@ -261,6 +287,8 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
                            "frontend_flags": [], "vllm_cache_root": envs.VLLM_CACHE_ROOT}
     if identity.get("engine_args") and model:
         out["engine_args"], out["frontend_flags"] = server_engine_args(model, flags)
+    resolved = (out["engine_args"] or {}).get("model") or model
+    out["config_sha256"] = _config_sha256(resolved) if isinstance(resolved, str) else None
     if identity.get("traced_files") is not None and identity.get("code_hash"):
         out["roots"] = vi.install_roots()
         paths, out["changed_files"] = _traced_here(identity, out["roots"])
@@ -272,7 +300,7 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
 
 def check_serving(identity: dict[str, Any], *, source: str, model: str | None = None,
                   server_argv: list[str] | None = None, baked_serve_args: dict[str, Any] | None = None,
-                  cache_root: str | None = None) -> CompileCheck:
+                  cache_root: str | None = None, baked_config_sha256: str | None = None) -> CompileCheck:
     """Compare what vLLM will hash in this process's environment with the bake's identity.
 
     ``model``/``server_argv``: the server's model string and ``vllm serve`` arguments (default:
@@ -287,13 +315,13 @@ def check_serving(identity: dict[str, Any], *, source: str, model: str | None = 
         raise BadInput(f"--model-ref {model} and the server's command ({argv_model}) disagree")
     model = model or argv_model or requested
     server = server_side(identity, model=model, flags=flags, cache_root=cache_root)
-    return compare(identity, server, source=source, model=model,
-                   baked_serve_args=baked_serve_args, cache_root=cache_root)
+    return compare(identity, server, source=source, model=model, baked_serve_args=baked_serve_args,
+                   cache_root=cache_root, baked_config_sha256=baked_config_sha256)
 
 
 def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, model: str | None,
-            baked_serve_args: dict[str, Any] | None = None,
-            cache_root: str | None = None) -> CompileCheck:
+            baked_serve_args: dict[str, Any] | None = None, cache_root: str | None = None,
+            baked_config_sha256: str | None = None) -> CompileCheck:
     """The verdict, from the bake's identity and ``server_side``'s values (no vLLM here)."""
     report = CompileCheck(source=source, model=model)
     diffs = report.differences
@@ -342,6 +370,15 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
         if server.get("frontend_flags"):
             report.unchecked.append("frontend flags " + ", ".join(
                 "--" + f.replace("_", "-") for f in server["frontend_flags"]))
+        mine = server.get("config_sha256")
+        if baked_config_sha256 and mine and mine != baked_config_sha256:
+            config_same = False
+            diffs.append(Difference("the model's config.json", baked_config_sha256[:16] + "...",
+                                    mine[:16] + "...", COST_AOT + " (vLLM's model_config hash "
+                                    "holds the parsed config; bake with this config.json: "
+                                    "--model DIR)"))
+        elif baked_config_sha256 and not mine:
+            report.unchecked.append("the model's config.json (not readable here)")
     elif model and model_rec.get("requested") and model != model_rec.get("requested"):
         config_same = False
         diffs.append(Difference("model", model_rec.get("requested"), model, COST_AOT))
