@@ -248,8 +248,10 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
     where = f"bake.{IDENTITY_KEY}"
     if not isinstance(identity, dict):
         raise InvalidDocument("bake manifest", where, "is not an object")
-    factors = identity.get("env_factors") or {}
-    path_factors = identity.get("path_factors") or {}
+    factors = identity.get("env_factors")
+    path_factors = identity.get("path_factors")
+    factors = {} if factors is None else factors
+    path_factors = {} if path_factors is None else path_factors
     if not isinstance(factors, dict) or not isinstance(path_factors, dict):
         raise InvalidDocument("bake manifest", where, "env_factors/path_factors are not objects")
     if len(path_factors) > MAX_PATH_FACTORS:
@@ -264,7 +266,8 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
             raise InvalidDocument("bake manifest", f"{where}.path_factors.{name}",
                                   "differs from the value the bake hashed (env_factors)")
         env[name] = _identity_path(identity, f"path_factors.{name}", value)
-    model = identity.get("model") or {}
+    model = identity.get("model")
+    model = {} if model is None else model
     if not isinstance(model, dict):
         raise InvalidDocument("bake manifest", f"{where}.model", "is not an object")
     if model.get("hf_hub_cache") is not None:

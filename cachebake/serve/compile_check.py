@@ -278,6 +278,9 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
                 cache_root: str | None = None) -> dict[str, Any]:
     """What this process's vLLM computes for the server (see the module doc): the one part
     that imports vLLM; ``compare`` takes it from here."""
+    # vLLM logs to stdout by default, where --json prints its one object: to stderr instead.
+    # VLLM_LOGGING_STREAM is in compile_factors' ignore list (envs.py): the hash stays the same.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import vllm
     import vllm.envs as envs
 
