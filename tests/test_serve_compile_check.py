@@ -14,9 +14,11 @@ without it, and with it under the ``vllm`` marker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,8 @@ VLLM_PYTHON = os.environ.get("CACHEBAKE_VLLM_PYTHON", "")
 
 def real_identity(**extra) -> dict:
     doc = json.loads(excerpt()[FACTORS])
-    model_key = __import__("hashlib").sha256(b"0.24.0NemotronHModel.forward592").hexdigest()
+    # vLLM 0.24.0's NemotronHModel.forward, line 592 (tests/test_drivers_vllm_identity.py)
+    model_key = hashlib.sha256(b"0.24.0NemotronHModel.forward592").hexdigest()
     ident = {"schema": 1, "vllm_version": "0.24.0", "env_factors": vi.env_factor_values(doc["env"]),
              "env_hash": vi.hash_factors(doc["env"]), "path_factors": dict(PATH_FACTORS),
              "set_factors": dict(SET_FACTORS),
@@ -227,7 +230,7 @@ def test_serve_args_env_file_and_the_installer_entrypoint(tmp_path, triton_cache
     run = subprocess.run(["sh", str(REPO / "docker" / "cachebake-init.sh")], capture_output=True, text=True,
                          env=env_with(CACHEBAKE_ARTIFACT=art, CACHEBAKE_DIR=dest, CACHEBAKE_TARGET="sm_90",
                                       CACHEBAKE_SERVE_AT="/var/cache/cachebake",
-                                      PATH=f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"),
+                                      PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
                          cwd="/")
     assert run.returncode == 0, run.stderr
     sourced = sourced_env(dest / "cachebake-serve.env", home="/home/someone-else")
@@ -315,3 +318,26 @@ def test_check_only_with_real_vllm_on_an_installed_real_bake(tmp_path, triton_ca
         "env VLLM_CONFIG_ROOT", "env VLLM_XLA_CACHE_PATH"]
     fixed = check(HOME="/home/server", **PATH_FACTORS)
     assert fixed.returncode == 0, fixed.stderr
+
+
+def test_traced_files_a_record_names_are_read_as_files_only(tmp_path):
+    """A hostile record naming a device or a FIFO as a traced file: read as unreadable (vLLM's
+    own fallback for a file it cannot read), never blocking or endless."""
+    from cachebake.serve.compile_check import _traced_here
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    src = tmp_path / "site" / "vllm" / "model.py"
+    src.parent.mkdir(parents=True)
+    src.write_text("x = 1\n")
+    here = tmp_path / "here" / "vllm" / "model.py"
+    here.parent.mkdir(parents=True)
+    here.write_text("x = 2\n")
+    ident = {"roots": {"vllm": str(src.parent)},
+             "traced_files": [{"path": "/dev/zero", "sha256": "0" * 64}, {"path": str(fifo), "sha256": None},
+                              {"path": str(src), "sha256": hashlib.sha256(b"x = 1\n").hexdigest()},
+                              {"path": f"{src.parent}/../../etc/passwd", "sha256": None}]}
+    paths, changed = _traced_here(ident, {"vllm": str(here.parent)})
+    assert paths[:3] == ["/dev/zero", str(fifo), str(here)]  # the vLLM file at this install's path
+    assert paths[3] == f"{src.parent}/../../etc/passwd"  # not joined to this install: ".." in it
+    assert changed == ["/dev/zero", str(here)]

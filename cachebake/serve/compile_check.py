@@ -209,7 +209,7 @@ def _traced_here(identity: dict[str, Any], roots: dict[str, str]) -> tuple[list[
     each was under; other files at their recorded path), and the files whose text differs."""
     baked_roots = identity.get("roots") or {}
     paths, changed = [], []
-    for rec in identity.get("traced_files") or []:
+    for rec in (identity.get("traced_files") or [])[:vi.MAX_TRACED]:
         path = rec.get("path") if isinstance(rec, dict) else None
         if not isinstance(path, str):
             continue
@@ -229,19 +229,30 @@ def _traced_here(identity: dict[str, Any], roots: dict[str, str]) -> tuple[list[
 
 def _sha256_text(path: str) -> str | None:
     try:
-        if os.path.getsize(path) > MAX_TRACED_BYTES:
-            return None
-        with open(path) as f:
-            return hashlib.sha256(f.read().encode()).hexdigest()
+        return hashlib.sha256(_read_bounded(path).encode()).hexdigest()
     except (OSError, UnicodeDecodeError):
         return None
 
 
 def _read_bounded(path: str) -> str:
-    if os.path.getsize(path) > MAX_TRACED_BYTES:
-        raise OSError(f"{path} is over {MAX_TRACED_BYTES} bytes")
-    with open(path) as f:
-        return f.read()
+    """A traced file's text as vLLM reads it (links followed, the locale's encoding), for the
+    paths a record names: regular files only (never a FIFO or a device), at most
+    MAX_TRACED_BYTES; anything else reads as unreadable, as a missing file does for vLLM."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TRACED_BYTES:
+            raise OSError(f"{path}: not a regular file of at most {MAX_TRACED_BYTES} bytes")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, closefd=False) as f:
+            text = f.read(MAX_TRACED_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(text) > MAX_TRACED_BYTES:
+        raise OSError(f"{path} grew past {MAX_TRACED_BYTES} bytes")
+    return text
 
 
 def _config_sha256(model_dir: str) -> str | None:
@@ -254,8 +265,8 @@ def _config_sha256(model_dir: str) -> str | None:
     path = os.path.join(model_dir, "config.json")
     if not os.path.isabs(model_dir) or not os.path.isfile(path):
         return None
-    try:
-        doc = jsonio.load_document(path, "the model's config.json", 16 << 20)
+    try:  # a Hugging Face snapshot's config.json links into blobs/: read what it names
+        doc = jsonio.load_document(os.path.realpath(path), "the model's config.json", 16 << 20)
     except CachebakeError:
         return "(unreadable)"
     return hashlib.sha256(config_bytes(doc)).hexdigest() if isinstance(doc, dict) else "(not an object)"
