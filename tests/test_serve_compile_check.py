@@ -341,3 +341,25 @@ def test_traced_files_a_record_names_are_read_as_files_only(tmp_path):
     assert paths[:3] == ["/dev/zero", str(fifo), str(here)]  # the vLLM file at this install's path
     assert paths[3] == f"{src.parent}/../../etc/passwd"  # not joined to this install: ".." in it
     assert changed == ["/dev/zero", str(here)]
+
+
+def test_k8s_gives_the_server_the_bakes_torch_compile_variables(tmp_path):
+    """``cachebake k8s --bake``: the server container's env carries identity_serve_env."""
+    from cachebake.distribute.k8s import PodPlan, pod_spec
+
+    manifest_file = tmp_path / "manifest.json"
+    manifest_file.write_text(json.dumps(_manifest(real_identity())))
+    r = cli("k8s", "--artifact", "docker://registry.example/bakes/nemotron:sm_90", "--serving-image", "vllm",
+            "--target", "sm_90", "--install-in-serving-image", "--bake", manifest_file, "--format", "json",
+            check=True)
+    doc = json.loads(r.stdout)
+    (server,) = doc["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    assert {k: env[k] for k in PATH_FACTORS} == PATH_FACTORS
+    assert env["VLLM_CACHE_ROOT"] == "/var/cache/cachebake/vllm"
+    spec, _ = pod_spec(PodPlan(artifact="docker://r.example/b:sm_90", serving_image="v", target="sm_90",
+                               install_in_serving_image=True))
+    assert "VLLM_CONFIG_ROOT" not in {e["name"] for e in spec["containers"][0]["env"]}
+    plain = cli("k8s", "--artifact", "docker://registry.example/bakes/nemotron:sm_90", "--serving-image",
+                "vllm", "--target", "sm_90", "--install-in-serving-image", "--format", "json", check=True)
+    assert "--bake ARTIFACT adds them" in plain.stderr
