@@ -31,10 +31,20 @@ DOCKER=/usr/bin/docker
 
 PACKAGES="docker.io podman catatonit runc docker-registry debootstrap skopeo iproute2 util-linux ca-certificates"
 if ! dpkg -s $PACKAGES >/dev/null 2>&1; then
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
+  # On a booted machine, installing docker.io and docker-registry would start their system
+  # services (a docker0 bridge and iptables rules; a registry on every interface): deny service
+  # starts for the install (invoke-rc.d's policy hook), as Debian's container images do.
+  own_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
+  fi
+  rc=0
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null; } || rc=$?
+  [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+  [ $rc -eq 0 ] || exit $rc
 fi
-python3 -m pip install -q -e '.[test,docker,k8s]' kubernetes-validate
+# Not editable: the venv's copy is what uid 65534 imports when the checkout is out of its reach.
+python3 -m pip install -q '.[test,docker,k8s]' kubernetes-validate
 
 # Storage: overlay where the kernel lets us mount it (layers shared: a container starts in
 # ~0.5 s), else vfs, which copies every layer (~10 s a container for a 1 GB image, GBs to delete).

@@ -33,15 +33,18 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 WORK = Path("/tmp/serve-bench")  # scratch, named after the branch
 
-NOTES = """Reading it: a hit through the layered manager does less than Triton's own.  Triton's
-FileCacheManager constructor runs os.makedirs(exist_ok=True) on the key dir for every
-get_cache_manager call (a mkdir that fails with EEXIST, then a stat), and get_group stats the
-group file before opening it; the layered manager only opens the group file and stats each
-child (which Triton does too), and builds paths by concatenation.  Triton resolves
-TRITON_CACHE_MANAGER on every call (getenv, import_module, an MRO scan: ~4 us); importing
-cachebake.serve.layered stores the class in the knob, which skips that (before that change
-this benchmark measured a median ratio of 1.03, pairs up to 1.22).  The VM is shared with other
-jobs: single rounds vary by 2x, so read the interleaved medians."""
+NOTES = """Reading it: a hit through the layered manager costs less than Triton's own get_group,
+its entry checks included.  Triton's FileCacheManager constructor runs os.makedirs(exist_ok=True)
+on the key dir for every get_cache_manager call (a mkdir that fails with EEXIST, then a stat),
+and get_group stats the group file before opening it and stats each child.  The layered
+manager opens the key dir (O_NOFOLLOW), reads the group file through it (O_NOFOLLOW|O_NONBLOCK,
+fstat, one bounded read), lstats each child relative to it (what Triton's stat costs), and
+reads and parses the ~1 KB metadata .json that Triton's CompiledKernel reads right after
+get_group returns (so a hit reads that file twice; the get_group time here does not include
+Triton's own read).  Triton resolves TRITON_CACHE_MANAGER on every call (getenv,
+import_module, an MRO scan: ~4 us); importing cachebake.serve.layered stores the class in the
+knob, which skips that.  The VM is shared with other jobs: single rounds vary by 2x, so read
+the interleaved medians."""
 
 
 def hex_key(key_dir: str) -> str:

@@ -39,6 +39,7 @@ class ExitCode(enum.IntEnum):
     COMMAND_FAILED = 9  # build: the warmup command or driver failed
     NOT_STABLE = 10  # build: still compiling after --max-rounds
     LOCKED = 11  # install: could not take the install lock in time
+    STALLED = 12  # install docker://...: the registry stopped sending (--stall-timeout)
     INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, as shells report it
 
 
@@ -146,6 +147,14 @@ class NotStable(CachebakeError):
 
 class Locked(CachebakeError):
     code = ExitCode.LOCKED
+
+
+class Stalled(CachebakeError):
+    """A registry that stopped sending: less than a minimum of bytes within the stall timeout
+    (a slow-loris registry, a dead connection that never closes).  Its own code, apart from
+    bad input, because a retry later may well succeed."""
+
+    code = ExitCode.STALLED
 
 
 class Interrupted(CachebakeError):

@@ -64,7 +64,9 @@ def serving_overlay_env(overlay: os.PathLike | str, serve_root: os.PathLike | st
                         roles: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``overlay_env`` for a bake installed at ``serve_root``, after checking the overlay is a
     path the server can use: absolute (it is the server's path, not this process's) and
-    outside the installed tree (which is never written)."""
+    outside the installed tree (which is never written), as written and after resolving links
+    on this machine (a symlink into the tree, or a tree reached through one, counts).  The
+    server checks the rest when it uses it (cachebake.serve.overlay: its own uid, 0700)."""
     from cachebake.errors import BadInput
 
     path = os.fspath(overlay)
@@ -73,8 +75,11 @@ def serving_overlay_env(overlay: os.PathLike | str, serve_root: os.PathLike | st
     if "triton" not in roles:
         raise BadInput("--overlay: this bake has no triton cache to layer")
     norm = os.path.normpath(path)
-    root = os.path.normpath(os.fspath(serve_root)) if serve_root is not None else None
-    if root is not None and (norm == root or norm.startswith(root + os.sep)):
-        raise BadInput(f"--overlay {path}: inside the installed tree {root}, which the server "
-                       "must never write; use an emptyDir or /tmp")
+    if serve_root is not None:
+        root = os.path.normpath(os.fspath(serve_root))
+        for mine, tree in ((norm, root), (os.path.realpath(norm), os.path.realpath(root))):
+            if mine == tree or mine.startswith(tree.rstrip(os.sep) + os.sep):
+                resolved = "" if mine == norm else f" (it resolves to {mine})"
+                raise BadInput(f"--overlay {path}: inside the installed tree {tree}{resolved}, which "
+                               "the server must never write; use an emptyDir or /tmp")
     return overlay_env(norm)

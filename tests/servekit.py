@@ -102,14 +102,15 @@ def serve_env(base: os.PathLike | str, overlay: os.PathLike | str | None = None,
     return env
 
 
-def run_server(specs, env: dict, runner=None, **flags) -> dict:
+def run_server(specs, env: dict, runner=None, timeout: float = 300, **flags) -> dict:
     """Compile ``specs`` (tests/aot.py SPECS entries) in a fresh process; its JSON report plus
-    ``stderr`` and ``rc``.  ``runner``: e.g. conftest.as_nobody."""
+    ``stderr`` and ``rc``.  ``runner``: e.g. conftest.as_nobody; ``timeout``: seconds before
+    subprocess.TimeoutExpired (a hang fails the test)."""
     argv = [sys.executable, "-c", child_code(specs, **flags)]
     if runner is None:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd="/")
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
     else:
-        proc = runner(argv, env=env, timeout=300, cwd="/")
+        proc = runner(argv, env=env, timeout=timeout, cwd="/")
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1]) if lines else {"compiles": [], "error": "no output"}
     result["stderr"], result["rc"] = proc.stderr, proc.returncode
@@ -117,20 +118,25 @@ def run_server(specs, env: dict, runner=None, **flags) -> dict:
 
 
 def tree_state(root: os.PathLike | str) -> dict:
-    """Every entry under ``root``: name -> (mode, sha256 of the bytes) for files, mode for dirs.
-    Equal states mean nothing was written, created, removed or re-moded."""
+    """Every entry under ``root``: name -> (mode, uid, sha256 of the bytes) for regular files,
+    (mode, uid, target) for links, (mode, uid) for dirs and anything else (a FIFO is never
+    opened, a link never followed).  Equal states mean nothing was written, created, removed,
+    re-moded or re-owned."""
     import hashlib
+    import stat
 
     state = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            p = os.path.join(dirpath, d)
-            state[os.path.relpath(p, root)] = oct(os.lstat(p).st_mode)
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                state[os.path.relpath(p, root)] = (oct(os.lstat(p).st_mode),
-                                                   hashlib.sha256(fh.read()).hexdigest())
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            entry: tuple = (oct(st.st_mode), st.st_uid)
+            if stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as fh:
+                    entry += (hashlib.sha256(fh.read()).hexdigest(),)
+            elif stat.S_ISLNK(st.st_mode):
+                entry += (os.readlink(p),)
+            state[os.path.relpath(p, root)] = entry
     return state
 
 

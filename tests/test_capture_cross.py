@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_replay_engine import REPO, TESTS, jit_warmup
+from test_replay_engine import ALLOW_KERNELS, REPO, TESTS, jit_warmup
 
 from cachebake.bake.seed import prepare_bake
 from cachebake.capture.cross import CROSS_TARGET_ENV, GPU_NAME_ENV
@@ -104,7 +104,7 @@ def test_build_records_and_a_seeded_build_compiles_nothing_in_its_rounds(tmp_pat
     bake = json.loads(first.stdout)["bake"]
     assert bake["compiles"] == 9 and bake["autotunes"] == 2
     seeded = _cli("build", "--target", "sm_90", "--root", str(tmp_path / "b"), "--out", str(tmp_path / "art2"),
-                  "--seed", str(tmp_path / "art1"), "--jobs", "2", "--json", *warmup)
+                  "--seed", str(tmp_path / "art1"), "--jobs", "2", "--json", *ALLOW_KERNELS, *warmup)
     assert seeded.returncode == 0, seeded.stderr
     out = json.loads(seeded.stdout)
     bake = out["bake"]

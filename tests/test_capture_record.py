@@ -97,3 +97,81 @@ def test_merge_keeps_one_entry_per_target_and_key_and_prefers_real_compiles():
 def test_malformed_records_are_refused_with_a_named_document(doc, err):
     with pytest.raises(err):
         CompileRecord.from_json(doc)
+
+
+def _doc(**entry_fields) -> dict:
+    d = spec().to_dict()
+    d.update(entry_fields)
+    return {"format_version": 1, "compiles": [d], "autotune": []}
+
+
+@pytest.mark.parametrize("fields, where", [
+    ({"kernel": {"module": ["os"], "qualname": "k", "name": "k", "source_hash": "a" * 64}}, "kernel.module"),
+    ({"kernel": "mod:kern"}, "kernel"),
+    ({"signature": [["x"]]}, "signature[0]"),
+    ({"signature": [["x", 5]]}, "signature[0]"),
+    ({"constexprs": [[["0"], 1]]}, "constexprs[0]"),
+    ({"attrs": [[[0], [["tt.divisibility", {"a": 1}]]]]}, "attrs[0][0]"),
+    ({"options": ["num_warps", 4]}, "options"),
+    ({"env_vars": {"LD_PRELOAD": ["/x.so"]}}, "env_vars.LD_PRELOAD"),
+    ({"target": ["cuda:90"]}, "target"),
+    ({"verified": "yes"}, "verified"),
+])
+def test_every_field_of_an_entry_is_type_checked(fields, where):
+    with pytest.raises(InvalidDocument) as err:
+        CompileRecord.from_json(json.dumps(_doc(**fields)))
+    assert err.value.field == f"compiles[0].{where}" and "malformed compile entry" in err.value.reason
+
+
+def test_autotune_entries_are_type_checked():
+    tune = {"kernel": REF.__dict__, "tuning_key": "(1,)", "target": "cuda:90", "env_vars": {},
+            "result_hash": "r", "configs": [{"kwargs": [["B", 64]], "num_warps": "4"}]}
+    doc = {"format_version": 1, "compiles": [], "autotune": [tune]}
+    with pytest.raises(InvalidDocument, match="num_warps"):
+        CompileRecord.from_json(json.dumps(doc))
+    doc["autotune"][0]["configs"][0]["num_warps"] = 4
+    doc["autotune"][0]["best"] = 7
+    with pytest.raises(InvalidDocument, match="not the index of a config"):
+        CompileRecord.from_json(json.dumps(doc))
+
+
+def test_a_record_nested_200000_deep_is_refused_without_recursion():
+    deep = "[" * 200_000 + "]" * 200_000
+    data = '{"format_version": 1, "compiles": [{"constexprs": [[[0], %s]]}]}' % deep
+    with pytest.raises(InvalidDocument, match="nests deeper than"):
+        CompileRecord.from_json(data)
+
+
+def test_labels_and_messages_show_hostile_text_escaped():
+    from cachebake.capture.record import shown
+
+    hostile = KernelRef("\x1b]0;pwned\x07", "k\n[/x]", "\x1b[2J", "a" * 64)
+    s = spec(consts=[[[1], "\x1b[31mred"]])
+    s.kernel = hostile
+    for text in (hostile.label, s.label()):
+        assert "\x1b" not in text and "\n" not in text and "\x07" not in text
+    assert shown("vllm.ops") == "vllm.ops" and shown("a\x1bb") == "'a\\x1bb'"
+    assert len(shown("x" * 1000)) == 120
+
+
+def test_the_record_log_is_written_strict_and_read_line_by_line(tmp_path):
+    """A failed candidate's inf timing is written "inf" (the strict reader refuses Infinity);
+    a torn line, a line 200,000 deep and a line with a wrong type are skipped, not fatal."""
+    from cachebake.capture import recorder
+    from cachebake.jsonio import parse_json
+
+    tune = AutotuneSpec(kernel=REF, tuning_key="(1,)", configs=[TuneConfig(kwargs=[["B", 64]]),
+                                                                TuneConfig(kwargs=[["B", 128]])],
+                        target="cuda:90", env_vars={}, result_hash="r1",
+                        timings=[[float("inf")] * 3, [0.1, 0.09, 0.11]], best=1)
+    log = tmp_path / "events.record.jsonl"
+    recorder._append(str(log), {"autotune": tune.to_dict()})
+    recorder._append(str(log), {"compile": spec().to_dict()})
+    parse_json(log.read_bytes().splitlines()[0], "line")  # strict JSON
+    with open(log, "a") as f:
+        f.write(json.dumps({"compile": {**spec("h2").to_dict(), "env_vars": []}}) + "\n")
+        f.write('{"compile": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+        f.write('{"compile": {"kernel": ')  # torn
+    rec = recorder.load_record_log(log)
+    assert [c.hash for c in rec.compiles] == ["h1"] and rec.autotune[0].timings[0] == [float("inf")] * 3
+    assert rec.triton_version  # from the lines' build fields

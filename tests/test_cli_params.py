@@ -45,6 +45,26 @@ def test_absolute_path():
     assert convert(ABSOLUTE_PATH, "/srv//cache/") == "/srv/cache"
     with pytest.raises(click.BadParameter, match="not an absolute path"):
         convert(ABSOLUTE_PATH, "srv/cache")
+    # a line break would end the YAML, shell or terminal line the path is written into
+    for bad in ("/srv/cache\n---", "/srv/\x1b[2J", "/srv\r", "/srv\u2028x", "/srv\x85"):
+        with pytest.raises(click.BadParameter, match="control character"):
+            convert(ABSOLUTE_PATH, bad)
+
+
+def test_kubernetes_forms_and_image_names():
+    from cachebake.cli.params import IMAGE_NAME, K8S_NAME, QUANTITY, SECRET_NAME
+
+    for t, good, bad in [(K8S_NAME, ["vllm", "a-1"], ["Vllm", "-a", "a_b", "a" * 64, "a\n"]),
+                         (SECRET_NAME, ["regcred", "a.b-c"], ["Reg", "a..b", "a\nb"]),
+                         (QUANTITY, ["2Gi", "512Mi", "1.5G", "100"], ["2 Gi", "lots", "2Gi\n", "-1Gi"]),
+                         (IMAGE_NAME, ["vllm:1", "vllm/vllm-openai:v0.33.0", "127.0.0.1:5000/a/b:t",
+                                       "r.example/a@sha256:" + "a" * 64],
+                          ["vllm 1", "vllm:1\n---", "$(id)", "A/B", "v:", "v\x1b"])]:
+        for g in good:
+            assert convert(t, g) == g
+        for b in bad:
+            with pytest.raises(click.BadParameter):
+                convert(t, b)
 
 
 def test_serve_args():

@@ -20,3 +20,44 @@ def test_markup_in_a_name_prints_as_itself():
     console = Console(file=buf, force_terminal=False, width=200)
     console.print(f"kernel {safe('[/x][bold red]k[link=file:///etc/passwd]x')}")
     assert buf.getvalue().strip() == "kernel [/x][bold red]k[link=file:///etc/passwd]x"
+
+
+# ------------------------------------------------------------ inspect of a hostile artifact
+HOSTILE_NAME = "add\x1b]0;pwned\x07\x1b[2J[/x][bold red]k[link=file:///etc/passwd]x\r\x9b31m"
+
+
+def _hostile_artifact(tmp_path):
+    import badlayers
+    from installkit import current_fingerprint_dict
+
+    fp = dict(current_fingerprint_dict(), gpu_name="H200\x1b[8m[/]", env={"K\x1b[1m": "v[/x]\x07"})
+    entries = [badlayers.Entry("triton", badlayers.tarfile.DIRTYPE),
+               badlayers.Entry("triton/k", badlayers.tarfile.DIRTYPE),
+               badlayers.Entry("triton/k/x.json", data=b"{}")]
+    inventory = {"kernels": [{"name": HOSTILE_NAME, "key_dir": "k\x1b[1m", "target": "cuda:90"}],
+                 "autotune": [], "helpers": [],
+                 "dropped": [{"path": "p\x1b[1m[/]", "reason": "[blink]r\x07"}], "other_files": {}}
+    # the bake section is the driver's: checked only as an object, so fields of any type
+    bake = {"driver": "[/x]\x1b[5m", "events": [{"kind": "compile", "kernel": HOSTILE_NAME,
+                                                 "step": "[link=x]s\x1b[2J"}, 7, "x"],
+            "folded": "x", "unverified_on_target": ["x"], "rounds": "[/]\x1b[0m"}
+    return badlayers.artifact_from_entries(tmp_path / "art", entries, fp,
+                                           manifest_overrides={"inventory": inventory, "bake": bake})
+
+
+def test_inspect_prints_every_value_from_a_hostile_artifact_as_text(tmp_path):
+    from click.testing import CliRunner
+
+    from cachebake.cli import main
+
+    art = _hostile_artifact(tmp_path)
+    r = CliRunner().invoke(main, ["inspect", str(art)], env={"COLUMNS": "400"})  # no table folding
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert not [c for c in out if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0)]
+    # markup from the artifact printed as itself, never applied (or refused by rich)
+    shown = printable(HOSTILE_NAME)
+    assert out.count(shown) == 2  # the kernels table and the steps table
+    for text in ("H200\ufffd[8m[/]", "[/x]\ufffd[5m", "[link=x]s\ufffd[2J", "p\ufffd[1m[/]: [blink]r\ufffd",
+                 "K\ufffd[1m=v[/x]\ufffd"):
+        assert text in out, text

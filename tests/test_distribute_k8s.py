@@ -30,6 +30,7 @@ from containerkit import (ROOT, WARMUP, cli, container_artifact, dockerfile_cont
 from cachebake.artifact.pack import CacheRoot, pack_artifact
 from cachebake.distribute.k8s import NONROOT_UID, VLLM_EMPTY_ROOT, PodPlan, manifest
 from cachebake.errors import BadInput, ExitCode
+from cachebake.serve.command import comment, one_line
 
 REF = "docker://reg.example/bakes/nemotron:sm_90"
 PINNED = "docker://reg.example/bakes/nemotron@sha256:" + "b" * 64
@@ -120,6 +121,115 @@ def test_refusals_are_one_line():
     r = cli("k8s", "--artifact", REF, "--serving-image", "v", "--target", "sm_90", "--model", "m", "--", "x",
             check=False)
     assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------- hostile text in the manifest
+# What an attacker would put in a value that reaches the YAML: a line break that ends a comment
+# and starts a document, quotes, shell and YAML syntax, terminal escapes, and the line breaks
+# YAML knows beyond \n (NEL, U+2028), which PyYAML's reader would also take as ending a comment.
+EXTRA_POD = ("\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: evil}\nspec: {containers: "
+             "[{name: x, image: evil, securityContext: {privileged: true}}]}\n")
+HOSTILE = [EXTRA_POD, "/models/m\n# note\n---\n", "'\"; $(touch /tmp/pwned) `id` \\", "\x1b]0;t\x07\x1b[2J",
+           "\x85kind: Pod", "\u2028kind: Pod\u2029", "- item", "key: value", "&a *a !!python/object:os.system",
+           "|\n  literal", "\r\nCRLF", "\x01\x7f\x9b[31m"]  # (no NUL: no argv can hold one)
+
+
+def _hostile_plan(text, kind="pod"):
+    return PodPlan(artifact=f"/bakes/art{text}", serving_image="vllm:1", installer_image="i:1",
+                   target="sm_90", kind=kind, command=["vllm", "serve", f"/models{text}", "--x", text])
+
+
+@pytest.mark.parametrize("kind", ["pod", "deployment"])
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_text_parses_back_to_exactly_the_one_document_built(text, kind, tmp_path):
+    """A newline in the model path (a note) and in every value the user or a recipe gives:
+    one document, equal to the one built, every comment one line, nothing from the text
+    outside a string."""
+    plan = _hostile_plan(text, kind)
+    r = cli("k8s", "--kind", kind, "--artifact", plan.artifact, "--serving-image", "vllm:1",
+            "--installer-image", "i:1", "--target", "sm_90", "--", *plan.command, check=False)
+    assert r.returncode == 0, r.stderr
+    expected, notes = manifest(plan)
+    docs = list(yaml.safe_load_all(r.stdout))
+    assert docs == [expected]
+    assert _pod(docs[0])["containers"][0]["command"] == plan.command
+    assert _pod(docs[0])["initContainers"][-1]["args"][1] == plan.artifact
+    comments = [ln for ln in r.stdout.splitlines() if ln.startswith("#")]
+    assert comments == [comment(n) for n in notes] and f"model from /models{one_line(text)}" in comments[-1]
+    assert all(0x20 <= ord(ch) < 0x7f for ch in r.stdout.replace("\n", ""))  # printable ASCII only
+    note_lines = [ln for ln in r.stderr.splitlines() if ln.startswith("cachebake: note:")]
+    assert len(note_lines) == len(r.stderr.splitlines()) == len(notes)  # one line each on stderr too
+    assert "\x1b" not in r.stderr
+    json_text = cli("k8s", "--format", "json", "--kind", kind, "--artifact", plan.artifact,
+                    "--serving-image", "vllm:1", "--installer-image", "i:1", "--target", "sm_90",
+                    "--", *plan.command).stdout
+    assert json.loads(json_text) == expected
+    if text == EXTRA_POD:  # still one valid Pod/Deployment for the API server's own schema
+        path = tmp_path / "m.yaml"
+        path.write_text(r.stdout)
+        v = _validate(path)
+        assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_a_note_is_one_comment_line_whatever_its_text():
+    from cachebake.distribute.k8s import render
+
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}
+    notes = [*HOSTILE, "\x00"]
+    text = render(doc, notes)
+    head = text.splitlines()[:len(notes)]
+    assert all(ln.startswith("# ") for ln in head)
+    assert list(yaml.safe_load_all(text)) == [doc]
+    assert "\\n---\\napiVersion" in head[0]  # the newline shown as an escape, not taken
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--root", "/var/cache/cachebake\n---\nkind: Pod"), ("--root", "/var/cache/\x1b[2J"),
+    ("--name", "vllm\n---"), ("--name", "Vllm"), ("--name", "v" * 64), ("--serving-image", "vllm:1\n---"),
+    ("--serving-image", "vllm 1"), ("--installer-image", "$(id)"), ("--pull-secret", "reg\ncred"),
+    ("--pull-secret", "Reg_Cred"), ("--tmp-size", "2Gi\n"), ("--tmp-size", "lots")])
+def test_a_value_kubernetes_cannot_take_is_a_usage_error_naming_the_option(option, value):
+    args = {"--artifact": REF, "--serving-image": "vllm:1", "--installer-image": "i:1", "--target": "sm_90",
+            option: value}
+    r = cli("k8s", *[x for kv in args.items() for x in kv], check=False)
+    assert r.returncode == ExitCode.USAGE, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and option in r.stderr
+    assert "\x1b" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_python_api_refuses_what_the_cli_refuses():
+    for change in ({"name": "a\nb"}, {"serving_image": "v\n---"}, {"root": "/r\n"}, {"root": "rel"},
+                   {"pull_secret": "A"}, {"tmp_size": "1 Gi"}):
+        plan = PodPlan(**{"artifact": REF, "serving_image": "v", "installer_image": "i", "target": "sm_90",
+                          **change})
+        with pytest.raises(BadInput):
+            manifest(plan)
+
+
+def _tmp_volume(pod):
+    return next(v for v in pod["volumes"] if v["name"] == "cachebake-tmp")
+
+
+def test_the_init_pods_tmp_has_a_size_limit(tmp_path, triton_cache):
+    base = ["--artifact", REF, "--serving-image", "vllm:1", "--installer-image", "i:1", "--target", "sm_90"]
+    r = cli("k8s", *base)
+    assert _tmp_volume(_pod(yaml.safe_load(r.stdout))) == {"name": "cachebake-tmp", "emptyDir": {"sizeLimit": "2Gi"}}
+    assert "limited to 2Gi, the default" in r.stderr
+    r = cli("k8s", *base, "--tmp-size", "512Mi")
+    assert _tmp_volume(_pod(yaml.safe_load(r.stdout)))["emptyDir"] == {"sizeLimit": "512Mi"}
+    assert "the default" not in r.stderr
+    # from a local copy of the bake: its manifest, config and layer blobs, plus the margin
+    art = tmp_path / "art"
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90")
+    blobs = sum(p.stat().st_size for p in (art / "blobs" / "sha256").iterdir())  # one image: 3 blobs
+    want = f"{-(-(blobs + (64 << 20)) // (1 << 20))}Mi"
+    pinned = f"docker://reg.example/bakes/nemotron@{report.manifest_digest}"
+    for ref in (REF, pinned):
+        r = cli("k8s", *base[2:], "--artifact", ref, "--size-from", art)
+        assert _tmp_volume(_pod(yaml.safe_load(r.stdout)))["emptyDir"] == {"sizeLimit": want}
+    # a local copy that is not the image the reference pins says nothing about it
+    r = cli("k8s", *base[2:], "--artifact", PINNED, "--size-from", art, check=False)
+    assert r.returncode == ExitCode.BAD_INPUT and "--size-from" in r.stderr and r.stderr.count("\n") == 1
 
 
 def _validate(path, version="1.35.0"):

@@ -31,6 +31,9 @@ pytestmark = pytest.mark.slow  # real compiles in subprocesses: ~1 min on 2 core
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
+# The test kernels' modules: a record may name only these beyond vllm and triton (--allow-module)
+KERNEL_MODULES = ("aot_kernels", "replay_kernels")
+ALLOW_KERNELS = [arg for m in KERNEL_MODULES for arg in ("--allow-module", m)]
 
 _CHILD = r"""
 import json, os, sys
@@ -134,7 +137,7 @@ def test_the_record_holds_every_launch_verified(record, recorded):
 @pytest.mark.parametrize("arch", [90, 100, 120])
 def test_replayed_keys_equal_the_jits_keys_for_each_target(record, tmp_path, arch):
     replayed = tmp_path / "replayed"
-    res = compile_record(record, f"sm_{arch}", replayed, jobs=2)
+    res = compile_record(record, f"sm_{arch}", replayed, jobs=2, allow_modules=KERNEL_MODULES)
     assert res.problems == [] and res.compiled == 9
     # same Triton build as the recording: on sm_90 each key was checked against the recorded one
     assert res.same_triton_build and res.key_mismatches == 0
@@ -177,7 +180,7 @@ def test_candidates_missing_from_the_record_are_derived_from_the_autotune_config
     assert not run["benchmarked"]
     rec = load_record_log(tmp_path / "events.record.jsonl")
     assert [len(a.compiles) for a in rec.autotune] == [1, 1] and len(rec.compiles) == 5
-    res = compile_record(rec, "sm_120", tmp_path / "replayed", jobs=2)
+    res = compile_record(rec, "sm_120", tmp_path / "replayed", jobs=2, allow_modules=KERNEL_MODULES)
     assert res.problems == [] and res.derived == 4 and res.compiled == 9
     again = jit_warmup(tmp_path / "replayed", 120)
     assert again["benchmarked"] and all(hit for _, hit, _ in again["events"])
@@ -191,13 +194,14 @@ def test_what_cannot_be_replayed_is_reported_and_nothing_is_written(record, reco
     path = tmp_path / "record.json"
     path.write_bytes(rec.to_json())
     out = tmp_path / "art"
+    allowed = [*KERNEL_MODULES, "no_such_module_xyz"]  # listed, so it is tried (and fails to import)
     with pytest.raises(Unsupported) as err:
-        replay(path, target="sm_90", out=out, jobs=2)
+        replay(path, target="sm_90", out=out, jobs=2, allow_modules=allowed)
     problems = err.value.report.result.problems
     assert any("no_such_module_xyz" in p and "does not import" in p for p in problems)
     assert any("source differs from the recorded kernel" in p for p in problems)
     assert not out.exists()
-    report = replay(path, target="sm_90", out=out, jobs=2, partial=True)
+    report = replay(path, target="sm_90", out=out, jobs=2, partial=True, allow_modules=allowed)
     assert not report.ok and report.result.compiled == 7
     manifest = json.loads((out / "cachebake.json").read_text())["bakes"]["cuda:90"]
     assert len(manifest["bake"]["replay"]["problems"]) == 2
@@ -207,7 +211,7 @@ def test_cli_replays_a_record_into_an_artifact_marked_unverified(recorded, tmp_p
     out = tmp_path / "art"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
     run = subprocess.run([sys.executable, "-m", "cachebake.cli", "replay", str(recorded / "events.record.jsonl"),
-                          "--target", "sm_120", "--out", str(out), "--jobs", "2", "--json"],
+                          "--target", "sm_120", "--out", str(out), "--jobs", "2", "--json", *ALLOW_KERNELS],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)

@@ -66,3 +66,71 @@ def test_bad_inputs(tmp_path):
         merge([str(tmp_path)])
     (tmp_path / "empty.jsonl").write_text("")
     assert merge([str(tmp_path)]).misses == 0
+
+
+HOSTILE_KERNEL = "\x1b]0;owned\x07[/x][link=file:///etc/passwd]k\x1b[2J"
+
+
+@pytest.fixture
+def hostile_logs(two_replicas, tmp_path):
+    """A real log plus, in a second pod's file, every kind of bad line a pod could write,
+    and files in the directory that are not logs: a FIFO (would block a reader) and a link."""
+    import os
+
+    d = two_replicas
+    good = json.loads((d / "vllm-a" / "misses.jsonl").read_text().splitlines()[0])
+    bad = [
+        {**good, "seconds": "12 s"},  # a string seconds
+        {**good, "record": ["not", "an", "object"]},
+        {**good, "key": ["K"] * 52},  # a list key
+        {**good, "kind": "exec"},
+        {**good, "cachebake_miss": True},  # not the format number, though True == 1 in Python
+        {**good, "seconds": -1},
+    ]
+    lines = [json.dumps(e) for e in bad]
+    lines.append('{"cachebake_miss": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}")  # deep
+    lines.append('{"cachebake_miss": 1, "pad": "' + "x" * (2 << 20) + '"}')  # over the line bound
+    lines.append(json.dumps({**good, "kernel": HOSTILE_KERNEL, "pod": "pod-\x1b[31mred",
+                             "time": "2026-11-30T20:02:12.920Z\x1b[2K"}))
+    (d / "vllm-c").mkdir()
+    (d / "vllm-c" / "misses.jsonl").write_text("\n".join(lines) + "\n")
+    os.mkfifo(d / "vllm-c" / "blocked.jsonl")
+    (d / "vllm-c" / "link.jsonl").symlink_to("/etc/passwd")
+    return d
+
+
+def test_bad_lines_are_counted_never_fatal(hostile_logs):
+    report = merge([str(hostile_logs)])
+    assert report.malformed == 5 and report.unreadable == 3 and report.foreign == 2
+    assert sorted(p.rsplit("/", 1)[1] for p in report.skipped) == [
+        "blocked.jsonl (not a regular file)", "link.jsonl (not a regular file)"]
+    assert any(g.kernel == HOSTILE_KERNEL for g in report.groups)  # kept as data, shown escaped
+
+
+def test_cli_prints_hostile_names_as_text(hostile_logs):
+    import subprocess
+    import sys
+
+    # a real process on a real stdout (a FIFO that is opened would hang it: the timeout says so)
+    run = subprocess.run([sys.executable, "-m", "cachebake.cli", "misses", str(hostile_logs)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "COLUMNS": "300"})
+    assert run.returncode == 0, run.stderr
+    assert "\x1b" not in run.stdout + run.stderr and "\x07" not in run.stdout
+    assert "[/x][link=file:///etc/passwd]k" in run.stdout  # markup shown as text, not applied
+    assert "lines skipped: 3 unreadable, 2 foreign, 5 malformed" in run.stdout
+    assert "Traceback" not in run.stderr and run.stderr == ""
+    doc = json.loads(subprocess.run([sys.executable, "-m", "cachebake.cli", "misses", str(hostile_logs),
+                                     "--json"], capture_output=True, text=True, timeout=60).stdout)
+    assert (doc["malformed_lines"], doc["unreadable_lines"], doc["foreign_lines"]) == (5, 3, 2)
+
+
+def test_a_fifo_or_link_named_as_a_log(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "f.jsonl")
+    res = CliRunner().invoke(main, ["misses", str(tmp_path / "f.jsonl")])
+    assert res.exit_code == 3 and "not a regular file or a directory" in res.output
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nothing")
+    res = CliRunner().invoke(main, ["misses", str(tmp_path / "dangling.jsonl")])
+    assert res.exit_code == 3 and "a link to nothing" in res.output

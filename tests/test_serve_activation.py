@@ -60,6 +60,30 @@ def test_install_overlay_refusals(installed, tmp_path):
         assert not (tmp_path / "srv").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize("via", ["link into the tree", "tree through a link"])
+def test_install_overlay_resolving_into_the_tree_is_refused(installed, tmp_path, via):
+    """A symlink into the installed tree, or the tree reached through one: the overlay would be
+    the tree once resolved.  Refused (3) before anything is written, and the line says where
+    it resolves to."""
+    art = tmp_path / "art"
+    pack_artifact([CacheRoot("triton", installed)], art, target="sm_90")
+    srv = tmp_path / "srv"
+    to, overlay = srv, tmp_path / "overlay"
+    if via == "link into the tree":
+        os.symlink(srv / "scratch", overlay)
+        message = f"inside the installed tree {srv} (it resolves to {srv / 'scratch'})"
+    else:
+        srv.mkdir()
+        os.symlink(srv, tmp_path / "srv-link")
+        to, overlay = tmp_path / "srv-link", srv / "scratch"
+        message = f"inside the installed tree {srv}"
+    res = CliRunner().invoke(main, ["install", str(art), "--to", str(to), "--target", "sm_90",
+                                    "--overlay", str(overlay)])
+    assert res.exit_code == 3 and message in res.output, res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert not srv.exists() or list(srv.iterdir()) == []
+
+
 def test_serve_args_overlay(triton_cache, tmp_path):
     art = tmp_path / "artifact"
     pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90",

@@ -21,6 +21,7 @@ from conftest import as_nobody
 from cachebake.serve import layered, misslog
 
 IN_BAKE = aot.SPECS[0]  # add_kernel fp32 BLOCK=1024: in the triton_cache fixture
+OTHER_IN_BAKE = aot.SPECS[4]  # rowsum_kernel, also there
 NOT_IN_BAKE = ["add_kernel", aot.SPECS[0][1], {"BLOCK": 2048}, {}, {}]
 ALSO_NOT_IN_BAKE = ["rowsum_kernel", aot.SPECS[4][1], {"N": 256}, {}, {"num_warps": 4}]
 
@@ -162,16 +163,23 @@ def test_writable_bake_is_not_written_either(installed, tmp_path):
     assert len(servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")) == 2
 
 
-@pytest.mark.parametrize("overlay", ["unset", "unwritable"])
+@pytest.mark.parametrize("overlay", ["unset", "unwritable", "foreign"])
 def test_no_usable_overlay_spills_and_logs_to_stderr(installed, public_tmp, overlay):
+    """No overlay, one of ours that cannot be written (mode 0555), or one another uid made
+    (root's, for a server of uid 65534): the misses spill, the log is stderr, the server goes
+    on, and the overlay is left as it was."""
     base = public_tmp / "triton"
     servekit.relocate(Path(shutil.copytree(installed, base)))
     os.system(f"chmod -R a-w,a+rX {base}")
-    env = servekit.serve_env(base, public_tmp / "root-owned" if overlay == "unwritable" else None)
+    given = public_tmp / "given"
+    env = servekit.serve_env(base, None if overlay == "unset" else given)
     if overlay == "unset":
         env["TRITON_CACHE_MANAGER"] = "cachebake.serve.layered:LayeredCacheManager"
     else:
-        (public_tmp / "root-owned").mkdir(mode=0o755)
+        given.mkdir(mode=0o755)
+        if overlay == "unwritable":
+            os.chown(given, 65534, 65534)
+            given.chmod(0o555)
     out = servekit.run_server([IN_BAKE, NOT_IN_BAKE, NOT_IN_BAKE], env, runner=as_nobody)
     assert out["rc"] == 0 and out["error"] is None, out["stderr"]
     assert out["cache_hits"] == [True, False, True]  # the 2nd call hits this process's spill
@@ -180,16 +188,26 @@ def test_no_usable_overlay_spills_and_logs_to_stderr(installed, public_tmp, over
     entry = json.loads(line[len("cachebake: miss: "):])
     assert entry["stored"] == "spill" and entry["kernel"] == "add_kernel" and entry["record"]
     assert not os.path.exists(out["compiles"][1]["paths"][0])  # the spill went with the process
+    said = [ln for ln in out["stderr"].splitlines() if not ln.startswith("cachebake: miss: ")]
     if overlay == "unwritable":
-        assert "cannot be written" in out["stderr"] and not any((public_tmp / "root-owned").iterdir())
+        assert said and all("cannot be written (Permission denied)" in ln for ln in said), said
+    if overlay == "foreign":
+        assert said == [f"cachebake: the overlay {given} is refused: it is owned by uid 0, not this "
+                        f"process's uid 65534; pid {entry['pid']} keeps its misses in a private spill "
+                        "(recompiled by each process) and logs them to stderr unless "
+                        "CACHEBAKE_MISS_LOG is outside the overlay"]
+    if overlay != "unset":
+        assert not any(given.iterdir())
 
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
-    """A 24 KiB tmpfs: one kernel's files do not fit (a full emptyDir)."""
+    """A 24 KiB tmpfs: one kernel's files do not fit (a full emptyDir).  Mode 0700: a tmpfs is
+    1777 by default, which the layered manager refuses as an overlay (anyone could plant an
+    entry in it)."""
     mnt = tmp_path / "full"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mnt)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k,mode=0700", "tmpfs", str(mnt)],
                                            capture_output=True).returncode != 0:
         pytest.skip("needs root and a mountable tmpfs to fill an overlay")
     yield mnt
@@ -291,3 +309,146 @@ def test_listener_chain_installs_once():
         assert triton.knobs.compilation.listener is first
     finally:
         triton.knobs.compilation.listener = saved
+
+
+def _in_bake_key_dir(cache: Path) -> Path:
+    """IN_BAKE's key dir (add_kernel fp32: num_warps 4; the fp16 one has 8)."""
+    return next(d for d in cache.iterdir() if (d / "add_kernel.cubin").exists()
+                and json.loads((d / "add_kernel.json").read_text())["num_warps"] == 4)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _dev_zero(path: Path) -> None:
+    path.unlink()
+    os.symlink("/dev/zero", path)
+
+
+# corruption -> (what it does to a key dir of add_kernel, what the miss line's reason says)
+CORRUPTIONS = {
+    "truncated metadata": (lambda d: _truncate(d / "add_kernel.json"),
+                           "add_kernel.json metadata unreadable (not valid JSON"),
+    "FIFO group file": (lambda d: _fifo(d / "__grp__add_kernel.json"),
+                        "__grp__add_kernel.json is a FIFO, not a regular file"),
+    "FIFO metadata": (lambda d: _fifo(d / "add_kernel.json"), "add_kernel.json is a FIFO, not a regular file"),
+    "FIFO cubin": (lambda d: _fifo(d / "add_kernel.cubin"), "add_kernel.cubin is a FIFO, not a regular file"),
+    "/dev/zero metadata link": (lambda d: _dev_zero(d / "add_kernel.json"), "add_kernel.json is a symbolic link"),
+    "/dev/zero cubin link": (lambda d: _dev_zero(d / "add_kernel.cubin"), "add_kernel.cubin is a symbolic link"),
+    "metadata without a target": (
+        lambda d: (d / "add_kernel.json").write_text(json.dumps(
+            {k: v for k, v in json.loads((d / "add_kernel.json").read_text()).items() if k != "target"})),
+        "add_kernel.json metadata unreadable (no target backend, arch and warp_size)"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_bad_baked_entry_is_a_miss(installed, tmp_path, corruption):
+    """A corrupt or partial entry in the baked tree: a miss (no exception, no hang: the test's
+    timeout), its line saying why, recompiled into the overlay, whose good entry then shadows
+    the bad one; the bake itself is never written."""
+    corrupt, reason = CORRUPTIONS[corruption]
+    key_dir = _in_bake_key_dir(installed)
+    corrupt(key_dir)
+    before = servekit.tree_state(installed)
+    if corruption == "truncated metadata":  # what Triton's own manager does with it
+        plain = servekit.run_server([IN_BAKE], servekit.serve_env(installed), timeout=120)
+        assert plain["error"] and "JSONDecodeError" in plain["error"]
+    env = servekit.serve_env(installed, tmp_path / "ovl")
+    # A hit first: the compile that imports cachebake.serve is one its listener cannot see
+    # (compile() reads the listener before it asks for a cache manager; on a GPU the driver's
+    # cuda_utils helper is that first call).
+    out = servekit.run_server([OTHER_IN_BAKE, IN_BAKE, IN_BAKE], env, timeout=120)
+    assert out["rc"] == 0 and out["error"] is None, out["stderr"]
+    assert out["cache_hits"] == [True, False, True]  # the 3rd lookup: the overlay's entry
+    assert all(p.startswith(f"{tmp_path}/ovl/triton/{key_dir.name}/") for p in out["compiles"][2]["paths"])
+    (line,) = servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")
+    assert line["kernel"] == "add_kernel" and line["key"] == key_dir.name and line["record"]
+    assert line["reason"].startswith("bake: ") and reason in line["reason"], line["reason"]
+    assert servekit.tree_state(installed) == before
+    again = servekit.run_server([IN_BAKE], env, timeout=120)  # another process of the pod
+    assert again["cache_hits"] == [True] and again["error"] is None, again["stderr"]
+    assert len(servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")) == 1
+
+
+@pytest.mark.parametrize("corruption", ["truncated metadata", "FIFO group file", "/dev/zero cubin link"])
+def test_bad_overlay_entry_is_a_miss(installed, tmp_path, corruption):
+    """The same in the overlay (a pod's process killed mid-write on a filesystem without
+    atomic rename, a disk error): a logged miss, recompiled over the bad entry."""
+    corrupt, reason = CORRUPTIONS[corruption]
+    env = servekit.serve_env(installed, tmp_path / "ovl")
+    first = servekit.run_server([NOT_IN_BAKE], env)
+    key = first["compiles"][0]["key"]
+    corrupt(tmp_path / "ovl" / "triton" / key)
+    out = servekit.run_server([OTHER_IN_BAKE, NOT_IN_BAKE], env, timeout=120)
+    assert out["rc"] == 0 and out["error"] is None and out["cache_hits"] == [True, False], out["stderr"]
+    assert out["compiles"][1]["cubin_sha256"] == first["compiles"][0]["cubin_sha256"]
+    lines = servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")
+    assert [m["key"] for m in lines] == [key, key] and "reason" not in lines[0]
+    assert lines[1]["reason"].startswith("overlay: ") and reason in lines[1]["reason"], lines[1]["reason"]
+    again = servekit.run_server([NOT_IN_BAKE], env, timeout=120)
+    assert again["cache_hits"] == [True] and again["error"] is None, again["stderr"]
+
+
+def test_verify_reads_a_truncated_metadata_as_a_miss(installed, triton_knobs, monkeypatch):
+    """verify's mode (Triton's own reads) on the same bad entry: a miss, not the server's
+    JSONDecodeError."""
+    monkeypatch.setenv("CACHEBAKE_LAYERED_READS", "triton")
+    triton_knobs.cache.dir = str(installed)
+    key_dir = _in_bake_key_dir(installed)
+    _truncate(key_dir / "add_kernel.json")
+    mgr = layered.LayeredCacheManager(key_dir.name)
+    assert mgr.get_group("add_kernel.json") is None
+    assert "metadata unreadable (not valid JSON" in mgr._reason()
+
+
+@pytest.mark.parametrize("result, reason", [
+    (b'{"key": [4096], "configs_timi', "not valid JSON"),
+    (json.dumps({"key": [1], "configs_timings": [[{"kwargs": {"BLOCK": 64}, "num_warps": 4,
+                                                   "ir_override": "/etc/shadow"}, [0.1]]]}).encode(),
+     "names a pre_hook or an IR override file"),
+    (json.dumps({"key": [1], "configs_timings": [[{"kwargs": {"BLOCK": [64]}}, 0.1]]}).encode(),
+     "a config value is not a scalar"),
+    (json.dumps({"key": [1], "configs_timings": [[{"kwargs": {}}, 0.1], [{"kwargs": {}}, [0.2]]]}).encode(),
+     "timings of two kinds"),
+])
+def test_bad_autotune_result_is_a_miss(installed, triton_knobs, tmp_path, monkeypatch, result, reason):
+    """What Autotuner.check_disk_cache would raise on (or be steered by: an IR override file
+    Triton would read as the kernel) is a miss: benchmarked again, logged with the reason."""
+    (tuned,) = installed.glob("*/*.autotune.json")
+    assert layered.autotune_problem(tuned.read_bytes()) is None  # what Triton writes passes
+    tuned.write_bytes(result)
+    triton_knobs.cache.dir = str(installed)
+    monkeypatch.setenv("CACHEBAKE_OVERLAY_DIR", str(tmp_path / "ovl"))
+    mgr = layered.LayeredCacheManager(tuned.parent.name)
+    assert mgr.get_file(tuned.name) is None
+    good = json.dumps({"key": [1], "configs_timings": [[{"kwargs": {"BLOCK": 64}}, [0.1]]]})
+    path = mgr.put(good, tuned.name, binary=False)
+    (line,) = servekit.miss_lines(tmp_path / "ovl" / "misses.jsonl")
+    assert line["kind"] == "autotune" and reason in line["reason"] and line["reason"].startswith("bake: ")
+    assert layered.LayeredCacheManager(tuned.parent.name).get_file(tuned.name) == path
+    assert tuned.read_bytes() == result  # the bake is never written
+
+
+def test_spilled_group_names_only_the_spill_or_the_usable_overlay(tmp_path):
+    """A kernel spilled mid-way keeps children the overlay took before it filled up; once the
+    overlay is refused (renamed, replaced), a spilled group naming it is a miss."""
+    spill = layered._Spill()
+    key = "K" * 52
+    cubin = spill.write(key, "k.cubin", b"x")
+    in_overlay = tmp_path / "ovl" / "triton" / key / "k.ttir"
+    in_overlay.parent.mkdir(parents=True)
+    in_overlay.write_text("ir")
+    group = {"k.json": spill.write(key, "k.json", b"{}"), "k.cubin": cubin, "k.ttir": str(in_overlay)}
+    spill.write(key, "__grp__k.json", json.dumps({"child_paths": group}).encode())
+    try:
+        assert spill.group(key, "k.json", f"{tmp_path}/ovl/triton/{key}/") == group
+        assert spill.group(key, "k.json", None) is None
+    finally:
+        spill.remove()

@@ -106,7 +106,7 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
           reuse_root: bool = False, allow_invalidating: bool = False,
           work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
           seed=None, jobs: int | None = None, gpu_name: str | None = None, retune: bool = False,
-          warn: Callable[[str], None] | None = None, layer_root: str | None = None,
+          allow_modules=(), warn: Callable[[str], None] | None = None, layer_root: str | None = None,
           prune_ir: bool = False, pack_progress=None) -> BuildReport:
     """The whole of ``cachebake build``: preflight, rounds to the fixed point, pack.
 
@@ -143,7 +143,7 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         from cachebake.bake.seed import prepare_bake  # seed, cross-target, this bake's record
 
         prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name,
-                            retune=retune)
+                            retune=retune, allow_modules=allow_modules)
         try:
             rounds = run_rounds(driver, benv, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
                                 until_stable=until_stable, work_dir=work,

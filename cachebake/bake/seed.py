@@ -56,10 +56,12 @@ class BakePrep:
 
 def prepare_bake(benv, *, seed: os.PathLike | str | None = None, jobs: int | None = None,
                  target: str | None = None, gpu_name: str | None = None, retune: bool = False,
-                 visible: Callable | None = None,
+                 visible: Callable | None = None, allow_modules=(),
                  progress: Callable[[str], None] | None = None) -> BakePrep:
     """Before round 1: reset this bake's record log, decide whether the bake is cross-target
-    (``--target`` differs from the visible GPU) and set its env, and seed from ``seed``."""
+    (``--target`` differs from the visible GPU) and set its env, and seed from ``seed``
+    (its record is data: modules beyond vLLM's and Triton's only from ``allow_modules``, its
+    variables compared with this process's, never applied; cachebake.replay.engine)."""
     from cachebake.gpu import GPUTargetSpec, visible_gpu
 
     events = benv.pinned.get(MONITOR_LOG_ENV)
@@ -93,7 +95,7 @@ def prepare_bake(benv, *, seed: os.PathLike | str | None = None, jobs: int | Non
         loaded = load_record(seed)
         carry = not retune and not prep.cross_target
         result = compile_record(loaded.record, want, triton_dir, jobs=jobs, carry_autotune=carry,
-                                progress=progress)
+                                progress=progress, allow_modules=allow_modules)
         prep.seed = {"from": loaded.source, "retune": retune, **result.to_dict()}
         for problem in result.problems:  # the rounds compile what seeding could not
             prep.notes.append(f"seed: {problem}")

@@ -25,10 +25,10 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from cachebake.errors import InvalidDocument, Unsupported
-from cachebake.jsonio import canonical_json
+from cachebake.jsonio import canonical_json, parse_json
 
 RECORD_FORMAT_VERSION = 1
 RECORD_MEDIA_TYPE = "application/vnd.cachebake.compile-record.v1+json"
@@ -38,6 +38,108 @@ RECORD_DOCUMENT = "compile record"
 # compiler.py): a replay for another target must let that target's backend derive them again.
 TARGET_DERIVED_OPTIONS = ("arch", "supported_fp8_dtypes", "deprecated_fp8_dot_operand_dtypes",
                           "max_num_imprecise_acc_default", "backend_name", "warp_size")
+
+# Bounds on what one entry may hold, far above any real kernel's (vLLM's largest Mamba2 kernel
+# takes ~40 arguments; a Python identifier path is well under 200 characters).
+MAX_NAME = 512  # module, qualified name, kernel name, argument name, variable name, option name
+MAX_TEXT = 4096  # a tuning key's text, a config's text, a variable's value
+MAX_ITEMS = 4096  # signature, constexprs, attrs, options, variables, configs of one entry
+
+
+def shown(value, limit: int = 120) -> str:
+    """``value`` as it may stand inside a one-line message: as it is when it is printable
+    ASCII (what every real module, kernel and variable name is), else its ``repr``, which
+    escapes control characters and line breaks; cut to ``limit`` characters.  Records and miss
+    logs come from pods that may be compromised; their text reaches terminals through error
+    lines that bypass any renderer."""
+    text = value if isinstance(value, str) and value.isascii() and value.isprintable() else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _Fields:
+    """Type checks of one entry's fields; a refusal is ``InvalidDocument`` naming the field."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field: str, reason: str) -> NoReturn:
+        raise InvalidDocument(RECORD_DOCUMENT, f"{self.where}.{field}" if field else self.where,
+                              f"malformed compile entry ({reason})")
+
+    def obj(self, value, field: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(field, f"{_json_type(value)}, not an object")
+        return value
+
+    def get(self, d: dict, key: str, field: str):
+        if key not in d:
+            self.fail(field, "missing")
+        return d[key]
+
+    def text(self, value, field: str, max_len: int = MAX_NAME) -> str:
+        if not isinstance(value, str):
+            self.fail(field, f"{_json_type(value)}, not a string")
+        if len(value) > max_len:
+            self.fail(field, f"{len(value)} characters, over {max_len}")
+        return value
+
+    def items(self, value, field: str, max_len: int = MAX_ITEMS) -> list:
+        if not isinstance(value, list):
+            self.fail(field, f"{_json_type(value)}, not a list")
+        if len(value) > max_len:
+            self.fail(field, f"{len(value)} items, over {max_len}")
+        return value
+
+    def pair(self, value, field: str) -> list:
+        if not (isinstance(value, list) and len(value) == 2):
+            self.fail(field, "not a [key, value] pair")
+        return value
+
+    def integer(self, value, field: str) -> int:
+        if type(value) is not int:  # bool is an int subclass: `true` is not 1 here
+            self.fail(field, f"{_json_type(value)}, not an integer")
+        return value
+
+    def opt_integer(self, value, field: str) -> int | None:
+        return None if value is None else self.integer(value, field)
+
+    def boolean(self, value, field: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(field, f"{_json_type(value)}, not true or false")
+        return value
+
+    def text_map(self, value, field: str) -> dict[str, str]:
+        d = self.obj(value, field)
+        if len(d) > MAX_ITEMS:
+            self.fail(field, f"{len(d)} entries, over {MAX_ITEMS}")
+        for k, v in d.items():
+            self.text(k, f"{field}.{shown(k, 40)}")
+            self.text(v, f"{field}.{shown(k, 40)}", MAX_TEXT)
+        return dict(d)
+
+    def path(self, value, field: str) -> list:
+        """An argument path: [argument index, tuple index...]."""
+        p = self.items(value, field, 16)
+        if not p or any(type(i) is not int or i < 0 for i in p):
+            self.fail(field, "not an argument path (a list of indices)")
+        return p
+
+    def arg_type(self, value, field: str):
+        """A signature type: a string (``*fp32``, ``i32``, ``constexpr``...), or a list of
+        them for a tuple argument."""
+        if isinstance(value, list):
+            return [self.arg_type(v, field) for v in self.items(value, field)]
+        if not self.text(value, field):
+            self.fail(field, "an empty type")
+        return value
+
+
+def _json_type(value) -> str:
+    for kind, name in ((bool, "true/false"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "a list"), (dict, "an object"), (type(None), "null")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 @dataclass(frozen=True)
@@ -55,9 +157,16 @@ class KernelRef:
         base = unwrap_jit(fn)
         return cls(base.fn.__module__, base.fn.__qualname__, base.__name__, base.cache_key)
 
+    @classmethod
+    def from_dict(cls, d, c: "_Fields", field: str = "kernel") -> "KernelRef":
+        d = c.obj(d, field)
+        return cls(*(c.text(c.get(d, k, f"{field}.{k}"), f"{field}.{k}")
+                     for k in ("module", "qualname", "name", "source_hash")))
+
     @property
     def label(self) -> str:
-        return f"{self.module}:{self.qualname}"
+        """``module:qualname`` for messages (a name that is not plain text shows as its repr)."""
+        return f"{shown(self.module, 80)}:{shown(self.qualname, 80)}"
 
 
 def unwrap_jit(obj):
@@ -95,27 +204,49 @@ class CompileSpec:
 
     def label(self) -> str:
         consts = ", ".join(f"{_path_name(self, p)}={_short(v)}" for p, v in self.constexprs)
-        opts = " ".join(f"{k}={self.options[k]}" for k in ("num_warps", "num_stages")
+        opts = " ".join(f"{k}={_short(self.options[k])}" for k in ("num_warps", "num_stages")
                         if k in self.options)
-        return f"{self.kernel.name}[{consts}] {opts}".strip()
+        return f"{shown(self.kernel.name, 80)}[{consts}] {opts}".strip()
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "compiles[]") -> "CompileSpec":
-        try:
-            spec = cls(kernel=KernelRef(**d["kernel"]), signature=list(d["signature"]),
-                       constexprs=list(d["constexprs"]), attrs=list(d["attrs"]),
-                       options=dict(d["options"]), env_vars=dict(d["env_vars"]),
-                       target=str(d["target"]), hash=str(d["hash"]),
-                       verified=bool(d.get("verified", False)), seen=str(d.get("seen", "compile")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise InvalidDocument(RECORD_DOCUMENT, where, f"malformed compile entry ({e})") from None
-        for i, pair in enumerate(spec.signature + spec.constexprs + spec.attrs):
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise InvalidDocument(RECORD_DOCUMENT, where, f"item {i} is not a [key, value] pair")
-        return spec
+    def from_dict(cls, d, where: str = "compiles[]") -> "CompileSpec":
+        """An entry from JSON, every field type-checked (a record or a miss line is data from
+        a process that may be compromised): ``InvalidDocument`` naming the field otherwise.
+        What the values may be (modules, options) is cachebake.capture.keys's to check."""
+        c = _Fields(where)
+        d = c.obj(d, "")
+        signature = []
+        for i, item in enumerate(c.items(c.get(d, "signature", "signature"), "signature")):
+            name, ty = c.pair(item, f"signature[{i}]")
+            signature.append([c.text(name, f"signature[{i}]"), c.arg_type(ty, f"signature[{i}]")])
+        constexprs = []
+        for i, item in enumerate(c.items(c.get(d, "constexprs", "constexprs"), "constexprs")):
+            path, value = c.pair(item, f"constexprs[{i}]")
+            constexprs.append([c.path(path, f"constexprs[{i}]"), value])
+        attrs = []
+        for i, item in enumerate(c.items(c.get(d, "attrs", "attrs"), "attrs")):
+            path, values = c.pair(item, f"attrs[{i}]")
+            for j, attr in enumerate(c.items(values, f"attrs[{i}]")):
+                key, value = c.pair(attr, f"attrs[{i}][{j}]")
+                c.text(key, f"attrs[{i}][{j}]")
+                if not (value is None or isinstance(value, (bool, int, float, str))):
+                    c.fail(f"attrs[{i}][{j}]", f"{_json_type(value)}, not a scalar")
+            attrs.append([c.path(path, f"attrs[{i}]"), values])
+        options = c.obj(c.get(d, "options", "options"), "options")
+        if len(options) > MAX_ITEMS:
+            c.fail("options", f"{len(options)} entries, over {MAX_ITEMS}")
+        for k in options:
+            c.text(k, "options")
+        return cls(kernel=KernelRef.from_dict(c.get(d, "kernel", "kernel"), c),
+                   signature=signature, constexprs=constexprs, attrs=attrs, options=dict(options),
+                   env_vars=c.text_map(c.get(d, "env_vars", "env_vars"), "env_vars"),
+                   target=c.text(c.get(d, "target", "target"), "target", 64),
+                   hash=c.text(c.get(d, "hash", "hash"), "hash", 128),
+                   verified=c.boolean(d.get("verified", False), "verified"),
+                   seen=c.text(d.get("seen", "compile"), "seen", 32))
 
 
 @dataclass
@@ -128,6 +259,19 @@ class TuneConfig:
     num_ctas: int = 1
     maxnreg: int | None = None
     text: str = ""  # str(Config) where recorded: part of the autotune result's key
+
+    @classmethod
+    def from_dict(cls, d, c: "_Fields", field: str) -> "TuneConfig":
+        d = c.obj(d, field)
+        kwargs = []
+        for i, item in enumerate(c.items(c.get(d, "kwargs", f"{field}.kwargs"), f"{field}.kwargs")):
+            name, value = c.pair(item, f"{field}.kwargs[{i}]")
+            kwargs.append([c.text(name, f"{field}.kwargs[{i}]"), value])
+        return cls(kwargs=kwargs, num_warps=c.integer(d.get("num_warps", 4), f"{field}.num_warps"),
+                   num_stages=c.integer(d.get("num_stages", 3), f"{field}.num_stages"),
+                   num_ctas=c.integer(d.get("num_ctas", 1), f"{field}.num_ctas"),
+                   maxnreg=c.opt_integer(d.get("maxnreg"), f"{field}.maxnreg"),
+                   text=c.text(d.get("text", ""), f"{field}.text", MAX_TEXT))
 
 
 @dataclass
@@ -146,16 +290,35 @@ class AutotuneSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "autotune[]") -> "AutotuneSpec":
-        try:
-            return cls(kernel=KernelRef(**d["kernel"]), tuning_key=str(d["tuning_key"]),
-                       configs=[TuneConfig(**c) for c in d["configs"]], target=str(d["target"]),
-                       env_vars=dict(d["env_vars"]), result_hash=str(d["result_hash"]),
-                       timings=[[float(x) for x in t] for t in d["timings"]] if d.get("timings") else None,
-                       best=d.get("best"),
-                       compiles=[str(h) for h in d.get("compiles") or []])
-        except (KeyError, TypeError, ValueError) as e:
-            raise InvalidDocument(RECORD_DOCUMENT, where, f"malformed autotune entry ({e})") from None
+    def from_dict(cls, d, where: str = "autotune[]") -> "AutotuneSpec":
+        c = _Fields(where)
+        d = c.obj(d, "")
+        configs = [TuneConfig.from_dict(x, c, f"configs[{i}]")
+                   for i, x in enumerate(c.items(c.get(d, "configs", "configs"), "configs"))]
+        timings = None
+        if d.get("timings"):
+            timings = [[_timing_value(x, c, f"timings[{i}]") for x in c.items(t, f"timings[{i}]", 16)]
+                       for i, t in enumerate(c.items(d["timings"], "timings"))]
+        best = c.opt_integer(d.get("best"), "best")
+        if best is not None and not 0 <= best < len(configs):
+            c.fail("best", f"{best} is not the index of a config")
+        return cls(kernel=KernelRef.from_dict(c.get(d, "kernel", "kernel"), c),
+                   tuning_key=c.text(c.get(d, "tuning_key", "tuning_key"), "tuning_key", MAX_TEXT),
+                   configs=configs, target=c.text(c.get(d, "target", "target"), "target", 64),
+                   env_vars=c.text_map(c.get(d, "env_vars", "env_vars"), "env_vars"),
+                   result_hash=c.text(c.get(d, "result_hash", "result_hash"), "result_hash", 128),
+                   timings=timings, best=best,
+                   compiles=[c.text(h, "compiles", 128)
+                             for h in c.items(d.get("compiles") or [], "compiles", 1 << 16)])
+
+
+def _timing_value(x, c: _Fields, field: str) -> float:
+    """A timing in ms: a number, or "inf"/"nan" as strict JSON writes a failed candidate's."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    if x in ("inf", "-inf", "nan"):
+        return float(x)
+    c.fail(field, f"{_json_type(x)}, not a timing")
 
 
 @dataclass
@@ -216,22 +379,26 @@ class CompileRecord:
     def from_dict(cls, d: Any) -> "CompileRecord":
         if not isinstance(d, dict):
             raise InvalidDocument(RECORD_DOCUMENT, "", "not a JSON object")
-        if d.get("format_version") != RECORD_FORMAT_VERSION:
-            raise Unsupported(f"compile record format {d.get('format_version')!r} is not supported "
+        version = d.get("format_version")
+        if type(version) is not int or version != RECORD_FORMAT_VERSION:
+            raise Unsupported(f"compile record format {shown(version, 40)} is not supported "
                               f"(this cachebake reads {RECORD_FORMAT_VERSION})")
-        if not isinstance(d.get("compiles"), list) or not isinstance(d.get("autotune", []), list):
+        if not isinstance(d.get("compiles"), list) or not isinstance(d.get("autotune") or [], list):
             raise InvalidDocument(RECORD_DOCUMENT, "compiles", "not a list")
+        build = {}
+        for key in ("triton_version", "triton_key"):
+            value = d.get(key)
+            if value is not None and not (isinstance(value, str) and len(value) <= MAX_NAME):
+                raise InvalidDocument(RECORD_DOCUMENT, key, f"{_json_type(value)}, not a string")
+            build[key] = value
         return cls(compiles=[CompileSpec.from_dict(c, f"compiles[{i}]") for i, c in enumerate(d["compiles"])],
                    autotune=[AutotuneSpec.from_dict(a, f"autotune[{i}]")
-                             for i, a in enumerate(d.get("autotune") or [])],
-                   triton_version=d.get("triton_version"), triton_key=d.get("triton_key"))
+                             for i, a in enumerate(d.get("autotune") or [])], **build)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> "CompileRecord":
-        try:
-            return cls.from_dict(json.loads(data))
-        except ValueError as e:
-            raise InvalidDocument(RECORD_DOCUMENT, "", f"not JSON: {e}") from None
+        """Strict JSON (cachebake.jsonio: nesting bounded, no duplicate keys), then checked."""
+        return cls.from_dict(parse_json(data, RECORD_DOCUMENT))
 
 
 # -- values: constexprs and config kwargs ------------------------------------------------------
@@ -298,11 +465,12 @@ def _as_tuples(v):
 def _path_name(spec: CompileSpec, path) -> str:
     names = [a for a, _ in spec.signature]
     if isinstance(path, list) and path and isinstance(path[0], int) and path[0] < len(names):
-        return names[path[0]] + "".join(f"[{i}]" for i in path[1:])
-    return str(path)
+        return shown(names[path[0]], 40) + "".join(f"[{i}]" for i in path[1:])
+    return shown(str(path), 40)
 
 
 def _short(v) -> str:
-    text = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
+    """A value for a label: JSON (control characters escaped), short."""
+    text = json.dumps(v, sort_keys=True, default=str)
     return text if len(text) <= 24 else text[:21] + "..."
 

@@ -17,7 +17,6 @@ re-deriving the key from the entry as replay will must give the hash Triton comp
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -144,11 +143,21 @@ def on_autotune(tuner, tuning_key: tuple, compiles: list[str]) -> None:
     _append(record_log_path(log), {"autotune": spec.to_dict()})
 
 
+# A record log holds one line per compile of every monitored process of every round: a vLLM
+# bake's is a few MB.  Bounded like every document cachebake reads (cachebake.jsonio).
+MAX_RECORD_LOG_BYTES = 256 << 20
+
+
 def load_record_log(path: os.PathLike | str) -> CompileRecord:
-    """Every entry of a record log, merged (one per key and target); torn lines skipped."""
+    """Every entry of a record log, merged (one per key and target).  Each line is strict JSON
+    (cachebake.jsonio: bounded nesting) checked field by field; a torn line (a writer killed
+    mid-line) or a malformed one is skipped."""
+    from cachebake.errors import InvalidDocument
+    from cachebake.jsonio import parse_json, read_document
+
     record = CompileRecord()
     try:
-        data = Path(path).read_bytes()
+        data = read_document(path, "compile record log", MAX_RECORD_LOG_BYTES, missing=None)
     except FileNotFoundError:
         return record
     part = CompileRecord()
@@ -156,15 +165,18 @@ def load_record_log(path: os.PathLike | str) -> CompileRecord:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = parse_json(line, "compile record log")
+            if not isinstance(obj, dict):
+                continue
             if "compile" in obj:
                 part.compiles.append(CompileSpec.from_dict(obj["compile"]))
             elif "autotune" in obj:
                 part.autotune.append(AutotuneSpec.from_dict(obj["autotune"]))
-            part.triton_version = part.triton_version or obj.get("triton_version")
-            part.triton_key = part.triton_key or obj.get("triton_key")
-        except Exception:  # a writer killed mid-line
+        except InvalidDocument:
             continue
+        for key in ("triton_version", "triton_key"):
+            if isinstance(obj.get(key), str) and not getattr(part, key):
+                setattr(part, key, obj[key])
     return record.add(part)
 
 
@@ -182,8 +194,12 @@ def _compile_locals():
 
 
 def _append(path: str, obj: dict) -> None:
+    from cachebake.jsonio import dumps
+
     obj.update(triton_build())
-    line = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
+    # Strict JSON (a failed autotune candidate's inf timing as "inf"): load_record_log reads
+    # lines with the strict parser, which refuses Infinity like jq and Go do.
+    line = (dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

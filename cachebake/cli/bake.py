@@ -7,6 +7,7 @@ import click
 from cachebake.bake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT, SERVE_ARGS
+from cachebake.cli.replay import ALLOW_MODULE_OPTION
 
 _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve args), kernels "
                 "(vLLM's Mamba2 Triton ops at the model's shapes), or command (the CMD after --). "
@@ -53,6 +54,7 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 @click.option("--seed", type=click.Path(exists=True), help="An artifact or record: precompile its launches before round 1.")
 @click.option("--jobs", type=POSITIVE_INT, default=None, help="Processes for --seed (default: all cores).")
 @click.option("--retune", is_flag=True, help="--seed: do not carry its autotune results (benchmark afresh).")
+@ALLOW_MODULE_OPTION
 @click.option("--gpu-name", help="Cross-target bake: the target GPU's name, for vLLM's per-GPU config tables.")
 @click.option("--image", help="Run the bake inside this (serving) image through the Docker API, "
               "so its fingerprint is the image's (needs cachebake in the image, the docker extra).")
@@ -62,11 +64,13 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
           quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, plan_file, seed, jobs,
-          retune, gpu_name, image, gpus, as_json, cmd):
+          retune, allow_modules, gpu_name, image, gpus, as_json, cmd):
     """Check everything, run a warmup under the compile monitor until rounds stop compiling,
     then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
     from cachebake.drivers.registry import default_out
 
+    if allow_modules and not seed:
+        raise click.UsageError("--allow-module is for --seed (the modules its record may name)")
     if image:
         if seed or jobs or retune or gpu_name or plan_file:
             from cachebake.errors import BadInput
@@ -95,7 +99,8 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
                            allow_invalidating=allow_env, work_dir=work_dir,
                            progress=RoundProgress(verb="bake"), warn=out_.warn,
                            layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
-                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune)
+                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
+                           allow_modules=allow_modules)
     out_.emit(report, render=render_build)
 
 

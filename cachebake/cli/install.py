@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
-from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS
+from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS, POSITIVE_SECONDS
+from cachebake.distribute.registry import STALL_MIN_BYTES, STALL_TIMEOUT_S
 
 
 @main.command()
@@ -28,6 +29,9 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS
               help="ARTIFACT docker://...: require HTTPS (default: yes, except loopback registries).")
 @click.option("--authfile", type=click.Path(dir_okay=False),
               help="ARTIFACT docker://...: registry credentials (docker config.json format).")
+@click.option("--stall-timeout", default=STALL_TIMEOUT_S, show_default=True, type=POSITIVE_SECONDS,
+              help=f"ARTIFACT docker://...: give up (exit 12) when the registry sends less than "
+                   f"{STALL_MIN_BYTES >> 10} KiB in this many seconds.")
 @click.option("--check-only", is_flag=True,
               help="Run every check (the whole layer too) and report what an install would do; write nothing.")
 @click.option("--sync/--no-sync", default=True, show_default=True,
@@ -36,7 +40,7 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS
                    "emptyDir, a Dockerfile RUN): a crash's damage is repaired by the next install.")
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
-            tls_verify, authfile, check_only, sync, as_json):
+            tls_verify, authfile, stall_timeout, check_only, sync, as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
     ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
     from cachebake.cli.render import render_install
@@ -49,7 +53,7 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
                    check_only=check_only, sync=sync)
     if registry.is_reference(artifact):
         report = registry.install_reference(
-            artifact, to, options=registry.RegistryOptions(tls_verify, authfile), **options)
+            artifact, to, options=registry.RegistryOptions(tls_verify, authfile, stall_timeout), **options)
     else:
         report = install_artifact(artifact, to, **options)
     for line in report.mismatches:

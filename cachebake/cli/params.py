@@ -20,6 +20,7 @@ from cachebake.errors import BadInput, from_os_error
 
 POSITIVE_INT = click.IntRange(min=1)
 NON_NEGATIVE_SECONDS = click.FloatRange(min=0.0)
+POSITIVE_SECONDS = click.FloatRange(min=0.0, min_open=True)
 
 
 class RoleDirType(click.ParamType):
@@ -69,16 +70,55 @@ class GpuTargetType(click.ParamType):
 
 class AbsolutePathType(click.ParamType):
     """An absolute path, normalized: where a server (or a mount) sees a directory.  A relative
-    one would be resolved against whatever directory the server happens to start in."""
+    one would be resolved against whatever directory the server happens to start in.  No
+    control characters: a newline in a server path is never a real directory, and it would
+    end a line of the YAML, shell or terminal text the path is written into."""
 
     name = "ABSOLUTE_PATH"
 
     def convert(self, value, param, ctx):
+        from cachebake.serve.command import one_line
+
         text = os.fspath(value)
+        if one_line(text) != text:
+            self.fail(f"{ascii(text)} holds a control character: not a path a server reads",
+                      param, ctx)
         if not PurePosixPath(text).is_absolute():
             self.fail(f"{text!r} is not an absolute path (the server resolves it, not this "
                       "shell)", param, ctx)
         return os.path.normpath(text)
+
+
+class KubernetesFormType(click.ParamType):
+    """A value Kubernetes takes in one form only (cachebake.distribute.k8s.FORMS: names,
+    Secret names, quantities): checked here, so a bad one is a usage error naming the option,
+    not a manifest the API server refuses."""
+
+    def __init__(self, name: str, form: str):
+        self.name, self.form = name, form
+
+    def convert(self, value, param, ctx):
+        from cachebake.distribute.k8s import form_error
+
+        why = form_error(self.form, str(value))
+        if why:
+            self.fail(why, param, ctx)
+        return str(value)
+
+
+class ImageNameType(click.ParamType):
+    """A container image name (``[HOST[:PORT]/]REPO[:TAG][@DIGEST]``, Docker's grammar)."""
+
+    name = "IMAGE"
+
+    def convert(self, value, param, ctx):
+        from cachebake.distribute.registry import is_image_name
+
+        text = str(value)
+        if not is_image_name(text):
+            self.fail(f"{ascii(text)} is not an image name ([HOST[:PORT]/]REPO[:TAG][@DIGEST], "
+                      "lower-case repository)", param, ctx)
+        return text
 
 
 class ServeArgsType(click.ParamType):
@@ -97,6 +137,10 @@ class ServeArgsType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+K8S_NAME = KubernetesFormType("NAME", "name")
+SECRET_NAME = KubernetesFormType("SECRET", "secret")
+QUANTITY = KubernetesFormType("QUANTITY", "quantity")
+IMAGE_NAME = ImageNameType()
 ROLE_DIR = RoleDirType()
 GPU_TARGET = GpuTargetType()
 ABSOLUTE_PATH = AbsolutePathType()

@@ -52,11 +52,26 @@ class _Fields:
         self.rows.append((label, value))
 
     def print(self, console: Console) -> None:
+        # labels are ours (and may hold markup); titles and values carry artifact text: safe()
         if self.title:
-            console.print(f"[bold]{escape(self.title)}[/]")
+            console.print(f"[bold]{safe(self.title)}[/]")
         width = max((len(k) for k, _ in self.rows), default=0)
         for label, value in self.rows:
-            console.print(f"  {label:<{width}}  {escape(value)}", soft_wrap=True)
+            console.print(f"  {label:<{width}}  {safe(value)}", soft_wrap=True)
+
+
+def _obj(value) -> dict:
+    """``value`` if it is an object, else empty: the bake section is checked only as an object
+    (its fields are the driver's), so a field of another type shows as absent, never a crash."""
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _objs(value) -> list[dict]:
+    return [v for v in _items(value) if isinstance(v, dict)]
 
 
 def _long(value, keep: int = 40) -> str:
@@ -99,14 +114,14 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
         t.add_row("compile record", f"{record['compiles']} launches of {record['kernels']} kernels, "
                   f"{record['autotune']} autotune keys ({record['autotune_candidates']} candidates), "
                   f"recorded on {', '.join(record['targets'])}; {record['unverified']} not verified")
-    how = (bake.get("unverified_on_target") or {}).get("how")
+    how = _obj(bake.get("unverified_on_target")).get("how")
     if how:
         t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
-    for fold in bake.get("folded") or []:  # serve-time misses compiled in (replay --misses)
-        carried = sum(a.get("result") == "carried" for a in fold.get("autotune") or [])
-        t.add_row("folded", f"{len(fold.get('kernels') or [])} kernels and {carried} autotune results "
+    for fold in _objs(bake.get("folded")):  # serve-time misses compiled in (replay --misses)
+        carried = sum(a.get("result") == "carried" for a in _objs(fold.get("autotune")))
+        t.add_row("folded", f"{len(_items(fold.get('kernels')))} kernels and {carried} autotune results "
                   f"from {fold.get('logs')} miss logs at {fold.get('at')} onto layer "
-                  f"{str(fold.get('base_layer_digest'))}; {len(fold.get('failed') or [])} not folded")
+                  f"{str(fold.get('base_layer_digest'))}; {len(_items(fold.get('failed')))} not folded")
     t.print(console)
     names: dict[str, int] = {}
     for k in m.inventory.kernels:
@@ -114,23 +129,24 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
     if names:
         kt = Table("kernel", "specializations", title="kernels", title_justify="left")
         for name, n in sorted(names.items(), key=lambda kv: (-kv[1], kv[0])):
-            kt.add_row(escape(name), str(n))
+            kt.add_row(safe(name), str(n))
         console.print(kt)
     # The bake record names the engine step that compiled each specialization (kernels driver).
-    by_step = [(e.get("kernel", "?"), e["step"]) for e in m.bake.get("events", [])
+    by_step = [(e.get("kernel", "?"), e["step"]) for e in _objs(m.bake.get("events"))
                if e.get("kind") == "compile" and e.get("step")]
     if by_step:
         st = Table("kernel", "engine step that needs it", title="specializations by engine step")
         for kernel, step in by_step:
-            st.add_row(kernel, step)
+            st.add_row(safe(kernel), safe(step))
         console.print(st)
     for d in m.inventory.dropped:
-        console.print(f"[yellow]dropped[/] {escape(d['path'])}: {escape(d['reason'])}")
+        console.print(f"[yellow]dropped[/] {safe(d.get('path'))}: {safe(d.get('reason'))}")
 
 
 def render_inspect(report, console: Console) -> None:
-    console.print(f"[bold]{escape(report.artifact)}[/] ({report.kind}): targets "
-                  f"{', '.join(report.targets) or '-'}")
+    """Every value from the artifact through ``safe``: names, paths, versions, env, steps."""
+    console.print(f"[bold]{safe(report.artifact)}[/] ({safe(report.kind)}): targets "
+                  f"{safe(', '.join(report.targets)) or '-'}")
     for ref in report.bakes:
         render_bake(ref, console, report.records.get(ref.target))
 
@@ -237,7 +253,14 @@ def render_recipes(report, console: Console) -> None:
 
 
 def render_serve_command(cmd, console: Console) -> None:
-    console.print(cmd.shell(), markup=False, highlight=False, soft_wrap=True)
+    """The shell text, byte for byte where a program reads it (``eval "$(...)"``: rich would
+    drop \\r and other characters from a quoted value); on a terminal, each line
+    ``printable``, since a quoted value may still hold ESC."""
+    text = cmd.shell()
+    if console.is_terminal:
+        text = "\n".join(printable(line) for line in text.split("\n"))
+    console.file.write(text + "\n")
+    console.file.flush()
 
 
 def render_fingerprint(report, console: Console) -> None:
@@ -253,3 +276,75 @@ def render_fingerprint(report, console: Console) -> None:
         text = " ".join(str(value).split()) if value is not None else None
         t.add_row(key, _long(text) if key == "triton_key" else _text(text))
     t.print(console)
+
+
+# ---------------------------------------------------------------------------- replay / misses
+# Every value below that came from a record, a miss log or an artifact (kernel names, keys,
+# specializations, replicas, times, problems) goes through ``safe`` (inside markup) or
+# ``printable`` (markup=False): a log is written by serving pods, which may be compromised.
+
+def render_replay(report, console: Console) -> None:
+    r = report.result
+    console.print(f"replayed {safe(report.source)} for {r.target} into {safe(report.out)}: "
+                  f"{r.compiled} compiled ({r.already} already there, {r.derived} autotune "
+                  f"candidates added), {r.helpers_built} launcher helpers, {r.autotune_carried} "
+                  f"autotune results carried ({r.autotune_not_carried} measured on another target, "
+                  f"not carried); {r.jobs} jobs, {r.seconds:.1f} s wall, {r.compile_seconds:.1f} s "
+                  "compiling", highlight=False)
+    for line in r.problems:
+        console.print(f"  problem: {printable(line)}", markup=False, highlight=False)
+
+
+def render_fold(report, console: Console) -> None:
+    carried = sum(a["result"] == "carried" for a in report.autotune)
+    console.print(f"folded {len(report.compiled)} kernel misses and {carried} autotune results "
+                  f"from {len(report.logs)} logs into [bold]{safe(report.out)}[/] ({report.target}, "
+                  f"layer {report.layer_digest[:19]}; {report.helpers_built} launcher helpers "
+                  f"built, {report.jobs} jobs)", highlight=False)
+    skipped = [(report.log_lines.get(k, 0), k) for k in ("unreadable", "foreign", "malformed")]
+    if any(n for n, _ in skipped):
+        console.print("  lines skipped: " + ", ".join(f"{n} {k}" for n, k in skipped if n), highlight=False)
+    for path in report.log_lines.get("skipped_files", []):
+        console.print(f"  skipped   {safe(path)}", highlight=False)
+    for c in report.compiled:
+        console.print(f"  compiled  {safe(c['kernel'])}  {safe(c['specialization'])}  "
+                      f"(missed {c['count']}x on {len(c['replicas'])} replicas)", highlight=False)
+    for c in report.in_base:
+        console.print(f"  in base   {safe(c['kernel'])}  {safe(c['specialization'])}", highlight=False)
+    for a in report.autotune:
+        what = ("result carried from serve time" if a["result"] == "carried"
+                else "in the base" if a["result"] == "in base"
+                else "NEEDS A BENCHMARK on the target")
+        console.print(f"  autotune  {safe(a['kernel'])}  tuning key {safe(a['tuning_key'])}: {what}",
+                      highlight=False)
+    for h in report.helpers:
+        where = "built here" if h["folded"] else "built by gcc at first launch on the target"
+        console.print(f"  helper    {safe(h['file'])}: {where}", highlight=False)
+    for line in report.problems:
+        console.print(f"  [yellow]problem[/] {safe(line)}", highlight=False)
+    for f in report.failed:
+        console.print(f"  [yellow]not folded[/] {safe(f['kernel'])} ({safe(str(f['key'])[:12])}): "
+                      f"{safe(f['reason'])}", highlight=False)
+
+
+def _short_time(iso: str) -> str:
+    """``2026-11-30T20:02:12.920Z`` -> ``11-30 20:02:12`` for the list (JSON keeps it all)."""
+    return iso[5:19].replace("T", " ") if len(iso) >= 19 else iso
+
+
+def render_misses(report, console: Console) -> None:
+    """One entry per group, two lines each: fits any terminal width."""
+    skipped = [(report.unreadable, "unreadable"), (report.foreign, "foreign"),
+               (report.malformed, "malformed")]
+    notes = ", ".join(f"{n} {what}" for n, what in skipped if n)
+    console.print(f"{report.misses} misses of {len(report.groups)} kernels/specializations from "
+                  f"{len(report.replicas)} replicas in {len(report.logs)} logs"
+                  + (f"; lines skipped: {notes}" if notes else ""), highlight=False)
+    for path in report.skipped:
+        console.print(f"  skipped {safe(path)}", highlight=False)
+    for g in report.groups:
+        kind = "" if g.kind == "kernel" else f" ({safe(g.kind)})"
+        console.print(f"{g.count:>5}x  [bold]{safe(g.kernel)}[/]{kind}  on {len(g.replicas)} "
+                      f"replica{'s' * (len(g.replicas) != 1)}, {safe(_short_time(g.first_seen))} .. "
+                      f"{safe(_short_time(g.last_seen))} UTC, {g.seconds:.2f} s", highlight=False)
+        console.print(f"        {printable(g.specialization)}", highlight=False, markup=False)

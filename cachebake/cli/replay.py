@@ -8,6 +8,23 @@ from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT
 
 
+def _module_names(ctx, param, values):
+    from cachebake.capture.keys import module_name_problem
+
+    for name in values:
+        problem = module_name_problem(name)
+        if problem:
+            raise click.BadParameter(f"{name!r} {problem}")
+    return tuple(values)
+
+
+# Also on `build --seed` (cachebake.cli.bake).
+ALLOW_MODULE_OPTION = click.option(
+    "--allow-module", "allow_modules", multiple=True, metavar="NAME", callback=_module_names,
+    help="A module (and its submodules) whose kernels a record may name, beyond vllm and triton; "
+         "repeatable.  Records are data: any other module they name is refused, never imported.")
+
+
 @main.command()
 @click.argument("source", type=click.Path(), metavar="[ART|RECORD]", required=False)
 @click.option("--target", type=GPU_TARGET, help="GPU target to compile for, e.g. sm_90, sm_120 (--base: "
@@ -20,8 +37,9 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT
 @click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
 @click.option("--layer-root", type=ABSOLUTE_PATH, help="Serving root for group files (default: the source bake's).")
 @click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
+@ALLOW_MODULE_OPTION
 @JSON_OPTION
-def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, as_json):
+def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, allow_modules, as_json):
     """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
     or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
     from cachebake.replay.engine import stderr_progress
@@ -36,17 +54,22 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
         if partial or layer_root or gpu_name:
             raise click.UsageError("--partial, --layer-root and --gpu-name do not apply with --base "
                                    "(a fold keeps the base's root and fingerprint, and lists what it could not fold)")
+        from cachebake.cli.render import render_fold
         from cachebake.replay.foldback import fold_misses
 
-        output(as_json).emit(fold_misses(base, list(misses), out, target=target, jobs=jobs, progress=progress))
+        report = fold_misses(base, list(misses), out, target=target, jobs=jobs, progress=progress,
+                             allow_modules=allow_modules)
+        output(as_json).emit(report, render=render_fold)
         return
     if not source or not target:
         raise click.UsageError("give ART|RECORD and --target, or --base ART --misses LOG|DIR")
+    from cachebake.cli.render import render_replay
     from cachebake.replay.engine import replay as run_replay
 
     report = run_replay(source, target=target, out=out, jobs=jobs, partial=partial,
-                        layer_root=layer_root, gpu_name=gpu_name, progress=progress)
-    output(as_json).emit(report)
+                        layer_root=layer_root, gpu_name=gpu_name, progress=progress,
+                        allow_modules=allow_modules)
+    output(as_json).emit(report, render=render_replay)
 
 
 @main.command("misses")
@@ -55,6 +78,7 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
 def misses_cmd(logs, as_json):
     """Merge serve-time miss logs (install --overlay) from many replicas: misses per kernel and
     specialization, replicas, first and last seen, count."""
+    from cachebake.cli.render import render_misses
     from cachebake.replay.misses import merge
 
-    output(as_json).emit(merge(list(logs)))
+    output(as_json).emit(merge(list(logs)), render=render_misses)

@@ -27,7 +27,7 @@ def serve_args_cmd(artifact, target, root, overlay, env_file, as_json):
     from cachebake.serve.command import read_manifest, serve_command
 
     manifest = read_manifest(artifact, target)
-    cmd = serve_command(manifest, root=root)
+    cmd = serve_command(manifest, root=root, document=f"{artifact}: bake manifest")
     if overlay is not None:
         from cachebake.roles import serving_overlay_env
 
@@ -43,12 +43,12 @@ def write_env_file(path: str, env: dict[str, str]) -> None:
     """``export NAME=value`` lines, values shell-quoted; names checked (they come from a
     manifest): a name that is no shell variable name is refused, nothing written.  Written
     beside itself and renamed into place, so a server never sources half a file."""
-    import re
     import shlex
 
     from cachebake.errors import BadInput, from_os_error
+    from cachebake.serve.command import ENV_NAME
 
-    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    bad = [k for k in env if not ENV_NAME.fullmatch(k)]
     if bad:
         raise BadInput(f"the bake's environment has names that are no variable names: {bad[:3]}")
     text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))

@@ -36,15 +36,29 @@
 
 Only the serving container's command is the user's: ``--model`` gives ``vllm serve`` with the
 recipe's serving flags, ``-- CMD...`` any command, neither the image's own entrypoint.
+
+The output is read by kubectl, so it is built as data and written by a serializer: the
+documents by PyYAML (``render``: every value quoted as the emitter decides, so a newline,
+``---`` or a quote in a command or path stays inside its string), the notes as comments only
+folded onto one line (cachebake.serve.command.one_line), and the result parsed back before it
+is printed: exactly one document, equal to the one built.  Names Kubernetes only takes in one
+form (``--name``, images, the pull secret) are checked in that form (``check_plan``).
+
+The init pattern's ``/tmp`` emptyDir, where the installer's registry pull lands, has a
+``sizeLimit``: from the bake's declared blob sizes when a local copy of it is given
+(``declared_bytes``, ``--size-from``), else ``DEFAULT_TMP_SIZE``.  Without one an emptyDir is
+bounded only by the node's disk.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from cachebake.errors import BadInput, Unsupported
 from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, overlay_env, role_dir, serving_env
+from cachebake.serve.command import comment, one_line
 
 PATTERNS = ("init", "image-volume")
 KINDS = ("deployment", "pod")
@@ -58,6 +72,32 @@ IMAGE_COPY_MOUNT = "/cachebake-image"  # where cachebake-vllm-copy sees the bake
 VLLM_COPY_MOUNT = "/cachebake-vllm"  # ...and the emptyDir it fills, the server's ROOT/vllm
 VLLM_EMPTY_ROOT = "/var/cache/cachebake-vllm"  # VLLM_CACHE_ROOT for a bake without the role
 DEFAULT_INSTALLER_NOTE = "docker/installer.Dockerfile"
+# /tmp of the init pattern: a bake is MBs to a few hundred MB compressed; this holds any bake
+# up to about 2 GB when its size is not known here (--tmp-size sets it, --size-from derives it).
+DEFAULT_TMP_SIZE = "2Gi"
+# Over the declared blobs: skopeo's layout files and the installer's own small temp files.
+TMP_MARGIN = 64 << 20
+MIB = 1 << 20
+# The forms Kubernetes validates (k8s.io/apimachinery/pkg/util/validation and
+# resource.Quantity): a container and the Deployment take a DNS-1123 label, a Secret's name is a
+# DNS-1123 subdomain; quantities here without exponents.  form -> (pattern, max length, what).
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+FORMS = {
+    "name": (re.compile(_DNS_LABEL), 63,
+             "a Kubernetes name (a DNS-1123 label: lower-case letters, digits, '-'; at most 63)"),
+    "secret": (re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*"), 253,
+               "a Kubernetes Secret name (a DNS-1123 subdomain)"),
+    "quantity": (re.compile(r"[0-9]+(?:\.[0-9]+)?(?:Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?"), 64,
+                 "a Kubernetes quantity such as 2Gi or 512Mi"),
+}
+
+
+def form_error(form: str, text: str) -> str | None:
+    """Why ``text`` is not of ``form`` (a FORMS key), or None when it is."""
+    pattern, max_len, what = FORMS[form]
+    if len(text) <= max_len and pattern.fullmatch(text):
+        return None
+    return f"{ascii(text)} is not {what}"
 
 
 @dataclass
@@ -76,6 +116,8 @@ class PodPlan:
     pull_secret: str | None = None
     tls_verify: bool | None = None
     vllm_role: bool = True  # image-volume: the bake has a vllm role (not visible from a reference)
+    tmp_size: str | None = None  # init: /tmp's sizeLimit (a quantity); None: derived or the default
+    declared_bytes: int | None = None  # init: what the bake's blobs declare, when known here
     # what vLLM's torch.compile hashes need (serveargs.identity_serve_env of the bake's record)
     compile_env: dict[str, str] = field(default_factory=dict)
 
@@ -125,11 +167,57 @@ def _install_args(plan: PodPlan, fingerprint: bool) -> list[str]:
     return args + ["--no-sync"]
 
 
+def tmp_size_limit(plan: PodPlan) -> str:
+    """/tmp's sizeLimit: ``tmp_size``, else the declared blobs plus ``TMP_MARGIN`` (whole MiB),
+    else ``DEFAULT_TMP_SIZE``."""
+    if plan.tmp_size:
+        return plan.tmp_size
+    if plan.declared_bytes is not None:
+        return f"{-(-(plan.declared_bytes + TMP_MARGIN) // MIB)}Mi"
+    return DEFAULT_TMP_SIZE
+
+
+def declared_bytes(artifact: str, target: str, pinned: str | None = None) -> int:
+    """What a local copy of a bake declares a pull of it writes: its image manifest, config and
+    layer blobs.  ``pinned``: the manifest digest the Pod's reference names, which that copy
+    must hold (else its sizes say nothing about what the Pod pulls)."""
+    from cachebake.artifact.oci import open_artifact
+    from cachebake.artifact.schema import CAP_IMAGE_MANIFEST, check_image_manifest
+
+    art = open_artifact(artifact)
+    ref = art.select(target)
+    if pinned and ref.manifest_digest != pinned:
+        raise BadInput(f"{artifact}: its {target} image is {ref.manifest_digest}, not the {pinned} "
+                       "--artifact pins (--size-from must be the bake that was pushed)")
+    entry = art.entries_by_target()[ref.target]
+    doc = f"{artifact}: image manifest"
+    image = check_image_manifest(art.read_json_blob(entry, doc, CAP_IMAGE_MANIFEST), doc)
+    return entry["size"] + image["config"]["size"] + ref.layer_size
+
+
+def check_plan(plan: PodPlan) -> None:
+    """The plan's names in the forms Kubernetes takes (the CLI checks them while parsing; this
+    is for callers from Python), and no control character in a path the server sees."""
+    from cachebake.distribute.registry import is_image_name
+
+    for option, form, value in (("--name", "name", plan.name), ("--pull-secret", "secret", plan.pull_secret),
+                                ("--tmp-size", "quantity", plan.tmp_size)):
+        why = form_error(form, value) if value is not None else None
+        if why:
+            raise BadInput(f"{option}: {why}")
+    for option, image in (("--serving-image", plan.serving_image), ("--installer-image", plan.installer_image)):
+        if image is not None and not is_image_name(image):
+            raise BadInput(f"{option}: {ascii(image)} is not an image name")
+    if not plan.root.startswith("/") or one_line(plan.root) != plan.root:
+        raise BadInput(f"--root: {ascii(plan.root)} is not an absolute path without control characters")
+
+
 def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:
     """(initContainers, volumes) of the init-container pattern."""
     tmp = {"name": "cachebake-tmp", "mountPath": "/tmp"}
     cache_rw = {"name": "cachebake", "mountPath": INSTALL_MOUNT}
-    volumes = [{"name": "cachebake", "emptyDir": {}}, {"name": "cachebake-tmp", "emptyDir": {}}]
+    volumes = [{"name": "cachebake", "emptyDir": {}},
+               {"name": "cachebake-tmp", "emptyDir": {"sizeLimit": tmp_size_limit(plan)}}]
     inits: list[dict] = []
     install_mounts = [cache_rw, tmp]
     if plan.pull_secret:
@@ -196,6 +284,7 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     notes: list[str] = []
     if plan.pattern not in PATTERNS:
         raise BadInput(f"--pattern {plan.pattern!r}: one of {', '.join(PATTERNS)}")
+    check_plan(plan)
     if not plan.target:
         raise BadInput("--target is needed (e.g. sm_90): the Pod's init containers see no GPU")
     plan.target = GPUTargetSpec.parse(plan.target).ref_name
@@ -214,6 +303,10 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
         if is_reference(plan.artifact):
             parse_reference(plan.artifact)
         inits, volumes = _init_pattern(plan, server)
+        if is_reference(plan.artifact) and not plan.tmp_size and plan.declared_bytes is None:
+            notes.append(f"/tmp of the installer (where the registry pull lands) is limited to "
+                         f"{DEFAULT_TMP_SIZE}, the default: the bake's size cannot be seen from a "
+                         "reference (--size-from ART derives it, --tmp-size sets it)")
         # Writable: a kernel the bake missed is compiled and cached in this Pod's copy.
         server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root})
         spec["initContainers"] = inits
@@ -270,19 +363,31 @@ def manifest(plan: PodPlan) -> tuple[dict, list[str]]:
 
 
 def render(doc: dict, notes: list[str], fmt: str = "yaml") -> str:
-    """YAML (PyYAML, the ``k8s`` extra) with the notes as leading comments, or JSON."""
+    """YAML (PyYAML's safe emitter, the ``k8s`` extra) with the notes as leading comments, each
+    folded onto one line, or JSON.  The text is parsed back before it is returned: it must be
+    exactly ``doc``, one document (a failure here is a bug, never output)."""
     if fmt == "json":
-        return json.dumps(doc, indent=2) + "\n"
+        text = json.dumps(doc, indent=2) + "\n"  # ensure_ascii: every control character escaped
+        if json.loads(text) != doc:
+            raise AssertionError("the JSON manifest does not parse back to the manifest built")
+        return text
     try:
         import yaml
     except ImportError:
         raise Unsupported("YAML output needs PyYAML: pip install 'cachebake[k8s]' (or --format json)") from None
+
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data):  # no &id001 anchors: plain YAML people can edit
             return True
 
-    head = "".join(f"# {n}\n" for n in notes)
-    return head + yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)
+    head = "".join(comment(n) + "\n" for n in notes)
+    # allow_unicode=False: every character outside printable ASCII is an escape in a quoted
+    # string, so nothing in a value can act on a terminal or a line-oriented reader either.
+    text = head + yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False,
+                            width=100, allow_unicode=False)
+    if list(yaml.safe_load_all(text)) != [doc]:
+        raise AssertionError("the YAML manifest does not parse back to the one document built")
+    return text
 
 
 @dataclass

@@ -31,30 +31,71 @@ removed afterwards) and installs from that through cachebake.install, exactly as
 artifact: every blob is verified again against its digest and every layer entry checked before
 anything is written to DIR.  (A streaming path, verifying the blob while it decompresses, waits
 for install's layer-stream interface.)
+
+A pull is bounded by what the image manifest declares, because a registry is hostile input too
+(one that sends an endless body, or one byte every few seconds).  skopeo alone is not: it reads
+a blob until the connection ends (containers/image checks the digest at EOF, which an endless
+body never reaches), so it writes until TMPDIR is full, and it has no stall timeout.  The pull:
+
+1. reads the manifest first (``skopeo inspect --raw``: containers/image caps a manifest at
+   4 MiB), parses it strictly (cachebake.jsonio) and checks it as install does
+   (``check_image_manifest``), then copies *that* manifest, pinned by its digest, so the
+   registry cannot answer the copy with another one;
+2. checks the declared sizes against TMPDIR's free space before any blob is requested (exit 3);
+3. runs ``skopeo copy`` with ``RLIMIT_FSIZE`` at the largest declared blob: the kernel refuses
+   any write past it (EFBIG: Go ignores SIGXFSZ, so skopeo fails with "file too large" and
+   stops reading), so no blob can be written past the largest declared size, however long
+   its body;
+4. watches the layout's files while skopeo writes them (skopeo names its temp blob files
+   ``oci-put-blob*`` in the layout): more bytes on disk than the manifest declares in all is
+   "longer than declared" (exit 5), and fewer than ``STALL_MIN_BYTES`` within
+   ``--stall-timeout`` seconds is a stalled registry (exit 12, ``Stalled``); either way skopeo
+   is killed and the private layout removed.
+
+Watching skopeo, rather than a blob reader of our own, keeps what skopeo is here for (every
+login a registry asks for, TLS settings, digest checks on the way in); the cost is that the
+bound on a single blob is the largest declared blob, not that blob's own size (a config blob
+could grow to the layer's size before the total check sees it), and a stall is seen between
+polls (``POLL_S``), not at the socket.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cachebake.errors import BadInput, CorruptArtifact, Unsupported
+from cachebake.errors import BadInput, CorruptArtifact, Stalled, Unsupported, from_os_error
 
 SCHEMES = ("docker://", "oci://")
-SKOPEO_TIMEOUT_S = 3600.0
+SKOPEO_TIMEOUT_S = 3600.0  # push, and the outer bound of any one pull
+# A pull that gains fewer than STALL_MIN_BYTES (or all it still lacks, if less) within the stall
+# timeout has stalled: curl's --speed-limit/--speed-time rule, at about 1 KiB/s by default.
+STALL_TIMEOUT_S = 60.0
+STALL_MIN_BYTES = 64 << 10
+POLL_S = 0.1
+# Room for what skopeo writes besides the declared blobs: index.json and oci-layout.
+LAYOUT_SLACK = 64 << 10
 # Docker's grammar for a reference's repository path components and tags
 # (github.com/distribution/reference, reference.go), without the optional docker.io defaulting:
 # a bake's registry is always named.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+# \Z, not $: $ also matches before a final newline, which would pass "docker://h/r\n" through.
 _REFERENCE = re.compile(rf"^(?P<host>{_HOST})/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)"
-                        r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+                        rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>sha256:[0-9a-f]{{64}}))?\Z", re.ASCII)
+# An image name as a Pod spec gives it: the registry host is optional there (docker.io).
+_IMAGE_NAME = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?"
+                         r"(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,})?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -91,6 +132,11 @@ class RegistryRef:
             return False
 
 
+def is_image_name(text: str) -> bool:
+    """``[HOST[:PORT]/]REPO[:TAG][@DIGEST]``: the form a Pod spec's ``image`` takes."""
+    return isinstance(text, str) and len(text) <= 4096 and _IMAGE_NAME.fullmatch(text) is not None
+
+
 def is_reference(text: str) -> bool:
     return isinstance(text, str) and text.startswith(SCHEMES)
 
@@ -114,14 +160,17 @@ class RegistryOptions:
 
     tls_verify: bool | None = None
     authfile: str | None = None
+    stall_timeout: float = STALL_TIMEOUT_S  # a pull: see the module docstring
 
     def flags(self, ref: RegistryRef, direction: str) -> list[str]:
+        """skopeo's flags for one side of a copy (``src``/``dest``), or for ``inspect`` (``""``)."""
+        prefix = f"--{direction}-" if direction else "--"
         verify = self.tls_verify if self.tls_verify is not None else not ref.loopback
-        out = [f"--{direction}-tls-verify={'true' if verify else 'false'}"]
+        out = [f"{prefix}tls-verify={'true' if verify else 'false'}"]
         if self.authfile:
             if not os.path.isfile(self.authfile):
                 raise BadInput(f"{self.authfile}: no such credentials file (--authfile)")
-            out.append(f"--{direction}-authfile={self.authfile}")
+            out.append(f"{prefix}authfile={self.authfile}")
         return out
 
 
@@ -153,6 +202,9 @@ def skopeo_error(what: str, stderr: str):
     if re.search(r"digest|checksum", last, re.I) and re.search(r"match|verif|invalid", last, re.I):
         return CorruptArtifact(f"{what}: the registry sent a blob that does not match its digest "
                                f"(nothing installed): {last}")
+    if re.search(r"file too large", last, re.I):  # EFBIG: RLIMIT_FSIZE stopped it (see fetch)
+        return CorruptArtifact(f"{what}: the registry sent a blob longer than declared: stopped "
+                               "at the manifest's largest blob size (nothing installed)")
     return BadInput(f"{what}: {last}")
 
 
@@ -245,10 +297,143 @@ def tag_for(target: str | None, fingerprint_file: str | None) -> str:
     return resolve_target(None)[0].ref_name
 
 
+@dataclass(frozen=True)
+class PullBudget:
+    """What an image manifest declares a pull will write: its blobs' sizes."""
+
+    manifest: bytes  # the raw manifest, as the registry sent it (pinned by its digest)
+    blob_sizes: tuple[int, ...]  # config, then the layer
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.manifest).hexdigest()
+
+    @property
+    def blobs(self) -> int:
+        return sum(self.blob_sizes)
+
+    @property
+    def total(self) -> int:
+        """The most the layout may hold: every declared blob, the manifest, index.json."""
+        return self.blobs + len(self.manifest) + LAYOUT_SLACK
+
+    @property
+    def file_limit(self) -> int:
+        """RLIMIT_FSIZE for skopeo: no file it writes may outgrow the largest declared blob."""
+        return max(*self.blob_sizes, len(self.manifest), LAYOUT_SLACK)
+
+
+def read_image_manifest(ref: RegistryRef, options: RegistryOptions, what: str) -> PullBudget:
+    """The image manifest ``ref`` names, checked as install checks a local one: strict JSON,
+    one config and one layer, sizes in range.  Bounded in time by the stall timeout (a manifest
+    is a few hundred bytes: a registry that cannot send it in that time has stalled)."""
+    from cachebake.artifact.schema import CAP_IMAGE_MANIFEST, check_image_manifest
+    from cachebake.jsonio import parse_json
+
+    try:
+        r = subprocess.run([skopeo_binary(), "inspect", "--raw", *options.flags(ref, ""), ref.skopeo()],
+                           capture_output=True, stdin=subprocess.DEVNULL, timeout=options.stall_timeout)
+    except subprocess.TimeoutExpired:
+        raise Stalled(f"{what}: the registry sent no image manifest in {options.stall_timeout:g} s "
+                      "(--stall-timeout); nothing installed") from None
+    if r.returncode != 0:
+        raise skopeo_error(what, r.stderr.decode("utf-8", "replace"))
+    raw = r.stdout
+    document = f"{ref}: image manifest"
+    if len(raw) > CAP_IMAGE_MANIFEST:
+        raise CorruptArtifact(f"{document}: is {len(raw)} bytes, over the {CAP_IMAGE_MANIFEST} "
+                              "this reader accepts")
+    doc = parse_json(raw, document)
+    if isinstance(doc, dict) and "manifests" in doc:
+        raise BadInput(f"{what}: the reference names an image index, not a bake image (name the "
+                       "image `cachebake push` printed)")
+    doc = check_image_manifest(doc, document)
+    budget = PullBudget(raw, (doc["config"]["size"], *(layer["size"] for layer in doc["layers"])))
+    if ref.digest and budget.digest != ref.digest:
+        raise CorruptArtifact(f"{document}: its digest is {budget.digest}, not the {ref.digest} "
+                              "the reference pins")
+    return budget
+
+
+def check_free_space(budget: PullBudget, where: Path) -> None:
+    """The declared sizes against the free space of TMPDIR (where the pull lands), before any
+    blob is requested: a pull that cannot fit fails now, not with a full disk."""
+    try:
+        st = os.statvfs(where)
+    except OSError as e:
+        raise BadInput(f"TMPDIR ({where.parent}): {e.strerror}") from None
+    free = st.f_bavail * st.f_frsize
+    if budget.total > free:
+        raise BadInput(f"TMPDIR ({where.parent}) has {free / 1e6:.1f} MB free; the image's blobs "
+                       f"declare {budget.blobs / 1e6:.1f} MB (set TMPDIR to a larger filesystem)")
+
+
+def _layout_bytes(layout: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(layout):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except FileNotFoundError:  # a temp blob renamed or removed between walk and lstat
+                pass
+    return total
+
+
+def _file_size_limit(limit: int):
+    def apply():  # in the child, before exec: the kernel holds every file skopeo writes to it
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def pull_bounded(args: list[str], what: str, *, layout: Path, budget: PullBudget,
+                 stall_timeout: float, log: Path) -> None:
+    """Run ``skopeo copy ARGS`` into ``layout``, held to ``budget`` (module docstring: the
+    file size limit, the total, the stall timeout); kill it at the first breach."""
+    with open(log, "wb") as err:  # a file, not a pipe: skopeo can never block on it
+        proc = subprocess.Popen([skopeo_binary(), *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                preexec_fn=_file_size_limit(budget.file_limit))
+    try:
+        start = mark_time = time.monotonic()
+        mark_bytes = 0
+        while True:
+            try:
+                rc = proc.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now, got = time.monotonic(), _layout_bytes(layout)
+            if got > budget.total:
+                raise CorruptArtifact(f"{what}: the registry sent more than the {budget.blobs} bytes "
+                                      "the image manifest declares (a blob longer than declared); "
+                                      "stopped, nothing installed")
+            mark_bytes = min(mark_bytes, got)  # a retried blob starts again from zero
+            if got - mark_bytes >= min(STALL_MIN_BYTES, max(budget.blobs - mark_bytes, 1)):
+                mark_bytes, mark_time = got, now
+            elif now - mark_time >= stall_timeout or now - start >= SKOPEO_TIMEOUT_S:
+                raise Stalled(f"{what}: stalled: {max(got - mark_bytes, 0)} bytes arrived in the "
+                              f"last {now - mark_time:.0f} s, under the {STALL_MIN_BYTES} the stall "
+                              f"timeout asks for in {stall_timeout:g} s (--stall-timeout); stopped, "
+                              "nothing installed")
+    finally:
+        if proc.poll() is None:  # ours, in its own session: its group is skopeo and its helpers
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    if rc != 0:
+        raise skopeo_error(what, log.read_bytes()[-64 << 10:].decode("utf-8", "replace"))
+
+
 def fetch(reference: str, dest: Path, *, target: str | None = None,
           fingerprint_file: str | None = None, options: RegistryOptions | None = None) -> RegistryRef:
     """Copy one image from the registry into a new OCI layout at ``dest`` (skopeo verifies
-    every blob's digest on the way in).  Returns the reference actually read."""
+    every blob's digest on the way in), bounded by what its manifest declares (the module
+    docstring).  ``dest``'s parent is a private directory of the caller's, in TMPDIR.  Returns
+    the reference actually read."""
     options = options or RegistryOptions()
     ref = parse_reference(reference)
     # The layout names the image by its target (sm_90) whatever the registry calls it, so
@@ -256,9 +441,14 @@ def fetch(reference: str, dest: Path, *, target: str | None = None,
     local_name = tag_for(target, fingerprint_file)
     if not ref.tag and not ref.digest:
         ref = ref.with_tag(local_name)
-    _run_skopeo(["copy", "--quiet", "--preserve-digests", "--retry-times", "3",
-                 *options.flags(ref, "src"), ref.skopeo(), f"oci:{dest}:{local_name}"],
-                f"pull {ref}")
+    what = f"pull {ref}"
+    budget = read_image_manifest(ref, options, what)
+    check_free_space(budget, dest.parent)
+    pinned = RegistryRef(ref.host, ref.repository, None, budget.digest)
+    pull_bounded(["copy", "--quiet", "--preserve-digests", "--retry-times", "3",
+                  *options.flags(ref, "src"), pinned.skopeo(), f"oci:{dest}:{local_name}"],
+                 what, layout=dest, budget=budget, stall_timeout=options.stall_timeout,
+                 log=dest.parent / "skopeo.log")
     return ref
 
 
@@ -270,7 +460,11 @@ def install_reference(reference: str, to: os.PathLike | str, *, target: str | No
     from cachebake.install import install_artifact
 
     ref = parse_reference(reference)  # a bad reference fails before any preflight work
-    tmp = Path(tempfile.mkdtemp(prefix="cachebake-pull-"))  # 0700: private until removed
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="cachebake-pull-"))  # 0700: private until removed
+    except OSError as e:
+        raise from_os_error(e, f"TMPDIR ({tempfile.gettempdir()})", "cannot make the pull's "
+                            "private directory") from None
     try:
         layout = tmp / "layout"
         pulled = fetch(reference, layout, target=target, fingerprint_file=fingerprint_file,

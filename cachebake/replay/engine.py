@@ -6,8 +6,11 @@ specialization it was tuned at, so the first serve-time autotune only benchmarks
 plan's entries compile in a pool of worker processes into a fresh cache; launcher helpers are
 built from the compiled kernels' launcher sources; recorded autotune results are carried only
 when the target is the one they were measured on (another GPU's timings would pick its
-configs).  What cannot be compiled as recorded (module not importable here, source changed,
-a constexpr that is not data, a compile error for this target) is reported, never guessed.
+configs).  What cannot be compiled as recorded (a module off the allowlist or not importable
+here, options off the allowlist, other cache-invalidating variables than this process's, source
+changed, a constexpr that is not data, a compile error for this target) is reported, never
+guessed; a refused entry never reaches a worker.  The record is data: its variables are never
+applied, its modules imported only from ``ModuleAllowlist`` (cachebake.capture.keys).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-from cachebake.capture.record import RECORD_MEDIA_TYPE, AutotuneSpec, CompileRecord, CompileSpec
+from cachebake.capture.keys import ModuleAllowlist, entry_problems, kernel_problem
+from cachebake.capture.record import (RECORD_DOCUMENT, RECORD_MEDIA_TYPE, AutotuneSpec, CompileRecord,
+                                      CompileSpec, shown)
 from cachebake.errors import BadInput, Unsupported
 
 
@@ -54,22 +60,22 @@ def load_record(source: os.PathLike | str) -> LoadedRecord:
             if not desc:
                 continue
             if desc.get("mediaType") != RECORD_MEDIA_TYPE:
-                raise Unsupported(f"{path}: {target}'s record is a {desc.get('mediaType')!r}")
+                raise Unsupported(f"{path}: {target}'s record is a {shown(desc.get('mediaType'), 80)}")
             record.add(CompileRecord.from_dict(art.read_json_blob(desc)))
             layer_root = layer_root or ref.manifest.layer_root
         if not record.compiles:
             raise BadInput(f"{path} carries no compile record (baked before records existed, "
                            "or packed with `cachebake pack`): rebuild it with `cachebake build`")
         return LoadedRecord(record, str(path), layer_root, fingerprints)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{path}: {e.strerror}") from None
+    from cachebake.artifact.schema import CAP_BLOB
+    from cachebake.jsonio import read_document
+
+    real = os.path.realpath(path)  # the user named it, links included; FIFOs and devices refused
     if path.name.endswith(".jsonl"):
         from cachebake.capture.recorder import load_record_log
 
-        return LoadedRecord(load_record_log(path), str(path))
-    return LoadedRecord(CompileRecord.from_json(data), str(path))
+        return LoadedRecord(load_record_log(real), str(path))
+    return LoadedRecord(CompileRecord.from_json(read_document(real, RECORD_DOCUMENT, CAP_BLOB)), str(path))
 
 
 @dataclass
@@ -90,8 +96,8 @@ def plan(record: CompileRecord, target: str) -> Plan:
     for tune in record.autotune:
         bases = [by_hash[(tune.target, h)] for h in tune.compiles if (tune.target, h) in by_hash]
         if not bases:
-            problems.append(f"{tune.kernel.label} key {tune.tuning_key}: no compile of it was "
-                            "recorded, its candidates cannot be derived")
+            problems.append(f"{tune.kernel.label} key {shown(tune.tuning_key, 80)}: no compile of it "
+                            "was recorded, its candidates cannot be derived")
             continue
         for base in bases:
             for config in tune.configs:
@@ -157,9 +163,11 @@ class CompileResult:
 
 def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | str, *,
                    jobs: int | None = None, carry_autotune: bool = True,
-                   progress: Callable[[str], None] | None = None) -> CompileResult:
+                   progress: Callable[[str], None] | None = None,
+                   allow_modules: Iterable[str] = ()) -> CompileResult:
     """Compile ``record`` for ``target`` into ``cache_dir`` (a Triton cache dir) in ``jobs``
-    worker processes.  Problems are collected in the result, not raised."""
+    worker processes.  Problems are collected in the result, not raised.  ``allow_modules``:
+    modules (and their submodules) the record may name beyond ``DEFAULT_KERNEL_PACKAGES``."""
     from cachebake.gpu import GPUTargetSpec
     from cachebake.replay import worker
     from cachebake.toolchain import c_toolchain_problem
@@ -171,12 +179,31 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     if problem:
         raise Unsupported(f"replay builds Triton's launcher helpers with a C compiler: {problem}")
     target = spec_t.key
+    try:
+        allowed = ModuleAllowlist(allow_modules)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     jobs = max(1, jobs or os.cpu_count() or 1)
     t0 = time.monotonic()
     p = plan(record, target)
     res = CompileResult(target=target, jobs=jobs, planned=len(p.compiles), derived=p.derived,
                         autotune_not_carried=p.not_carried, problems=list(p.problems))
-    env = dict(p.compiles[0].env_vars) if p.compiles else {}
+    compiles = []
+    for spec in p.compiles:  # refused here never reach a worker (the worker checks again)
+        refused = entry_problems(spec, allowed)
+        if refused:
+            res.problems.append("; ".join(refused))
+            res.failed[spec.spec_id()] = res.problems[-1]
+        else:
+            compiles.append(spec)
+    carry = []
+    for tune in (p.carry if carry_autotune else []):
+        refused = kernel_problem(tune.kernel, allowed)
+        if refused:
+            res.problems.append(refused)
+        else:
+            carry.append(tune)
+    names = list(allowed.names)
     cache_dir = os.path.abspath(os.fspath(cache_dir))
     os.makedirs(cache_dir, exist_ok=True)
     from cachebake.capture.recorder import triton_build
@@ -185,11 +212,11 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     res.same_triton_build = same_build
     ctx = multiprocessing.get_context("spawn")  # a clean Triton per worker, whatever the parent imported
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=worker.init_worker,
-                             initargs=(cache_dir, env)) as pool:
-        futures = {pool.submit(worker.compile_job, s.to_dict(), target): s for s in p.compiles}
+                             initargs=(cache_dir,)) as pool:
+        futures = {pool.submit(worker.compile_job, s.to_dict(), target, names): s for s in compiles}
         launchers: dict[str, None] = {}
         for n, fut in enumerate(as_completed(futures), 1):
-            spec, out = futures[fut], fut.result()
+            spec, out = futures[fut], _result(fut, futures[fut].kernel.label)
             res.compile_seconds += out.get("seconds", 0.0)
             if not out["ok"]:
                 res.problems.append(out["problem"])
@@ -208,28 +235,41 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
             if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
                 res.key_mismatches += 1
                 res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
-                                    f"({out['hash'][:12]} vs {spec.hash[:12]}): {spec.label()}")
+                                    f"({out['hash'][:12]} vs {shown(spec.hash[:12])}): {spec.label()}")
             if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
                 progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
-        helper_futures = [pool.submit(worker.helper_job, worker.cuda_utils_source(), "cuda_utils")]
-        helper_futures += [pool.submit(worker.helper_job, src, "__triton_launcher")
-                           for src in launchers]
-        tune_futures = ([pool.submit(worker.autotune_job, t.to_dict(), target) for t in p.carry]
-                        if carry_autotune else [])
+        try:
+            helper_futures = [pool.submit(worker.helper_job, worker.cuda_utils_source(), "cuda_utils")]
+            helper_futures += [pool.submit(worker.helper_job, src, "__triton_launcher")
+                               for src in launchers]
+            tune_futures = [pool.submit(worker.autotune_job, t.to_dict(), target, names) for t in carry]
+        except BrokenProcessPool:
+            res.problems.append("launcher helpers and autotune results not written: a worker process died")
+            helper_futures, tune_futures = [], []
         for fut in helper_futures:
-            out = fut.result()
+            out = _result(fut, "a launcher helper")
             if not out["ok"]:
                 res.problems.append(out["problem"])
             elif not out["cache_hit"]:
                 res.helpers_built += 1
         for fut in tune_futures:
-            out = fut.result()
+            out = _result(fut, "an autotune result")
             if out["ok"]:
                 res.autotune_carried += 1
             else:
                 res.problems.append(out["problem"])
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _result(fut, what: str) -> dict:
+    """A worker's answer; a worker that died (a crash inside Triton or LLVM) is a problem of
+    the job it ran, not of the whole replay."""
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        return {"ok": False, "problem": f"{what}: the worker process died (a crash in the compiler); "
+                "no further entries were compiled", "cache_hit": False}
 
 
 @dataclass
@@ -247,20 +287,11 @@ class ReplayReport:
         return {"source": self.source, "out": self.out, "target": self.result.target,
                 **self.result.to_dict(), "pack": self.pack}
 
-    def render(self, console) -> None:
-        r = self.result
-        console.print(f"replayed {self.source} for {r.target} into {self.out}: {r.compiled} compiled "
-                      f"({r.already} already there, {r.derived} autotune candidates added), "
-                      f"{r.helpers_built} launcher helpers, {r.autotune_carried} autotune results "
-                      f"carried ({r.autotune_not_carried} measured on another target, not carried); "
-                      f"{r.jobs} jobs, {r.seconds:.1f} s wall, {r.compile_seconds:.1f} s compiling")
-        for line in r.problems:
-            console.print(f"  problem: {line}", markup=False)
-
 
 def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jobs: int | None = None,
            partial: bool = False, layer_root: str | None = None, gpu_name: str | None = None,
-           progress: Callable[[str], None] | None = None) -> ReplayReport:
+           progress: Callable[[str], None] | None = None,
+           allow_modules: Iterable[str] = ()) -> ReplayReport:
     """The whole of ``cachebake replay``: load, compile into a fresh cache, pack."""
     from cachebake.artifact.pack import CacheRoot, pack_artifact
 
@@ -270,7 +301,8 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
                                  dir=out_path.parent if out_path.parent.is_dir() else None))
     try:
         cache = work / "triton"
-        result = compile_record(loaded.record, target, cache, jobs=jobs, progress=progress)
+        result = compile_record(loaded.record, target, cache, jobs=jobs, progress=progress,
+                                allow_modules=allow_modules)
         if result.problems and not partial:
             err = Unsupported(f"{len(result.problems)} record entries could not be replayed for "
                               f"{result.target}; nothing written (--partial packs the rest)\n"

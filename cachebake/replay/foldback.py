@@ -9,10 +9,12 @@
 4. compile the logged kernel misses with the replay engine (``replay.engine.compile_record``):
    each miss's ``record`` is a ``CompileSpec`` entry, the shape a bake's compile record holds,
    so the misses are compiled exactly as ``cachebake replay`` compiles a record: in ``jobs``
-   worker processes, with Triton's own file cache, under the recorded cache-invalidating
-   variables (one pool per set of them), for the base bake's target.  The key Triton computes
-   must equal the key the server logged, or the entry is dropped and reported (an entry under
-   another key would never be read);
+   worker processes, with Triton's own file cache, for the base bake's target, under the
+   same rules (this process's own environment, the recorded variables compared with it; the
+   option allowlist; modules from the allowlist, which here also holds every module the base
+   artifact's own compile record names).  The key Triton computes must equal the key the
+   server logged, or the entry is dropped and reported (an entry under another key would never
+   be read);
 5. launcher helpers: the engine also builds ``cuda_utils`` and each compiled kernel's
    ``__triton_launcher`` with gcc (against a stub ``libcuda.so.1`` where there is none, as
    replay does).  A logged helper miss is reported as folded when its file is now in the cache,
@@ -27,26 +29,47 @@
    target compiles them too), and the bake section gains a ``folded`` entry (``inspect`` shows
    it).  Carried autotune results enter no record: a log line names the kernel's file stem,
    not the module a record needs.
+
+A miss log is written by serving pods, which may be compromised.  Every key, kernel name and
+file name a line gives passes the name rules install uses before it names anything on disk:
+one path component of the characters Triton's file names use (``[A-Za-z0-9_.+-]``, not ``.``
+or ``..``, at most NAME_MAX bytes), and a key is one of Triton's key dirs (52 base32 or 64 hex
+characters).  A line that fails them is listed as not folded and touches nothing, not even a
+``stat``.  Fold-back writes only under its scratch tree, through directory fds without
+following links (cachebake.install.fsops); an autotune result is rewritten from its checked
+values (configs without ``ir_override`` or ``pre_hook``), never copied.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from cachebake.artifact.groups import GROUP_PREFIX
-from cachebake.capture.record import RECORD_MEDIA_TYPE, CompileRecord, CompileSpec
+from cachebake.artifact.snapshot import TRITON_KEY_DIR
+from cachebake.capture.keys import OPTION_RULES, ModuleAllowlist, module_name_problem
+from cachebake.capture.record import RECORD_MEDIA_TYPE, CompileRecord, CompileSpec, shown
 from cachebake.errors import BadInput, InvalidDocument, PreflightMismatch, Unsupported
+from cachebake.install.fsops import DIR_FLAGS, rmtree_at
 from cachebake.replay import misses as misses_mod
 
 # Fingerprint fields that enter every kernel key this machine would compute.
 KEY_FIELDS = ("triton_version", "triton_key", "python_tag", "ptxas")
+# A file name from a log: the characters Triton's cache file names use (the group files'
+# canonical child names, cachebake.artifact.groups), one component, within NAME_MAX.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,255}")
+AUTOTUNE_SUFFIX = ".autotune.json"
+MAX_FAILED_RECORDED = 1000
+_CONFIG_FIELDS = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "pre_hook", "ir_override")
 
 
 @dataclass
@@ -66,6 +89,8 @@ class FoldReport:
     helpers_built: int = 0  # launcher helpers the engine built here (logged or not)
     problems: list[str] = field(default_factory=list)  # engine problems not tied to a miss (helper builds)
     jobs: int = 0
+    # the logs' lines: how many, and how many were unreadable, foreign or malformed (skipped)
+    log_lines: dict = field(default_factory=dict)
     record: dict = field(default_factory=dict)  # the new artifact's compile record, summarized
     seconds: float = 0.0
 
@@ -83,33 +108,12 @@ class FoldReport:
                 "kernels": [{k: c[k] for k in ("kernel", "key", "specialization", "count", "replicas")}
                             for c in self.compiled],
                 "autotune": [{k: a[k] for k in ("kernel", "key", "result")} for a in self.autotune],
-                "failed": [{k: f[k] for k in ("kernel", "key", "reason")} for f in self.failed],
+                # what could not be folded, at most MAX_FAILED_RECORDED of it: a log is the
+                # serving pods' and may hold any number of refused lines (--json lists all)
+                "failed": [{k: f[k] for k in ("kernel", "key", "reason")}
+                           for f in self.failed[:MAX_FAILED_RECORDED]],
+                "failed_total": len(self.failed),
                 "helpers": [{k: h[k] for k in ("file", "folded")} for h in self.helpers]}
-
-    def render(self, console) -> None:
-        console.print(f"folded {len(self.compiled)} kernel misses and "
-                      f"{sum(a['result'] == 'carried' for a in self.autotune)} autotune results "
-                      f"from {len(self.logs)} logs into [bold]{self.out}[/] ({self.target}, "
-                      f"layer {self.layer_digest[:19]}; {self.helpers_built} launcher helpers "
-                      f"built, {self.jobs} jobs)", highlight=False)
-        for c in self.compiled:
-            console.print(f"  compiled  {c['kernel']}  {c['specialization']}  "
-                          f"(missed {c['count']}x on {len(c['replicas'])} replicas)", highlight=False)
-        for c in self.in_base:
-            console.print(f"  in base   {c['kernel']}  {c['specialization']}", highlight=False)
-        for a in self.autotune:
-            what = ("result carried from serve time" if a["result"] == "carried"
-                    else "NEEDS A BENCHMARK on the target")
-            console.print(f"  autotune  {a['kernel']}  tuning key {a['tuning_key']}: {what}",
-                          highlight=False)
-        for h in self.helpers:
-            where = "built here" if h["folded"] else "built by gcc at first launch on the target"
-            console.print(f"  helper    {h['file']}: {where}", highlight=False)
-        for line in self.problems:
-            console.print(f"  [yellow]problem[/] {line}", highlight=False)
-        for f in self.failed:
-            console.print(f"  [yellow]not folded[/] {f['kernel']} ({f['key'][:12]}): {f['reason']}",
-                          highlight=False)
 
 
 def check_same_compiler(base_fingerprint: dict, target: str) -> None:
@@ -127,7 +131,10 @@ def check_same_compiler(base_fingerprint: dict, target: str) -> None:
 
 def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str, *,
                 target: str | None = None, jobs: int | None = None,
-                progress: Callable[[str], None] | None = None) -> FoldReport:
+                progress: Callable[[str], None] | None = None,
+                allow_modules: Iterable[str] = ()) -> FoldReport:
+    """``allow_modules``: modules the logged records may name beyond the kernel packages
+    cachebake bakes and the modules of the base's own compile record."""
     from cachebake.artifact.pack import CacheRoot, pack_artifact
     from cachebake.artifact.reader import open_source
 
@@ -135,6 +142,10 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
     base, out = os.fspath(base), os.fspath(out)
     if os.path.abspath(out) == os.path.abspath(base):
         raise BadInput(f"--out {out} is the base artifact: fold into a new one")
+    try:
+        ModuleAllowlist(allow_modules)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     merged = misses_mod.merge(logs)
     source = open_source(base)
     bake = source.select(target)
@@ -142,7 +153,10 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
     check_same_compiler(manifest.fingerprint, bake.target)
     record = _base_record(source, bake)
     report = FoldReport(base=base, out=out, target=bake.target, base_layer_digest=bake.layer_digest,
-                        logs=merged.logs)
+                        logs=merged.logs,
+                        log_lines={"lines": merged.lines, "unreadable": merged.unreadable,
+                                   "foreign": merged.foreign, "malformed": merged.malformed,
+                                   "skipped_files": merged.skipped})
     work = Path(tempfile.mkdtemp(prefix=".cachebake-fold-",
                                  dir=_writable_parent(Path(out).absolute().parent)))
     try:
@@ -150,10 +164,18 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
         _extract_base(source, bake, root)
         triton_dir = root / "triton"
         triton_dir.mkdir(exist_ok=True)
-        folded = _fold_kernels(misses_mod.misses_of(merged, "kernel"), triton_dir, report, jobs, progress)
-        for g in misses_mod.misses_of(merged, "autotune"):
-            _fold_autotune(g, triton_dir, report)
-        report.helpers = [_helper(g, triton_dir) for g in misses_mod.misses_of(merged, "helper")]
+        allowed = set(allow_modules) | record_modules(record)
+        tfd = os.open(triton_dir, DIR_FLAGS)
+        try:
+            kernels = [g for g in misses_mod.misses_of(merged, "kernel") if _names_ok(g, report)]
+            folded = _fold_kernels(kernels, triton_dir, tfd, report, jobs, progress, allowed)
+            for g in misses_mod.misses_of(merged, "autotune"):
+                if _names_ok(g, report):
+                    _fold_autotune(g, tfd, report)
+            report.helpers = [_helper(g, tfd) for g in misses_mod.misses_of(merged, "helper")
+                              if _names_ok(g, report)]
+        finally:
+            os.close(tfd)
         record.add(CompileRecord(compiles=folded))
         report.record = record.summary()
         bake_section = dict(manifest.bake)
@@ -201,12 +223,60 @@ def _extract_base(source, bake, root: Path) -> None:
         extract.extract_to(compressed, limits, root, relocate.group_rewriter(str(root)))
 
 
+def record_modules(record: CompileRecord) -> set[str]:
+    """The modules a bake's own compile record names (its monitor saw them compile): the
+    logged misses of the same kernels may be imported from them."""
+    names = {c.kernel.module for c in record.compiles} | {a.kernel.module for a in record.autotune}
+    return {n for n in names if module_name_problem(n) is None}
+
+
 def _summary(g) -> dict:
     return {"kernel": g.kernel, "key": g.key, "specialization": g.specialization,
             "count": g.count, "replicas": list(g.replicas)}
 
 
-def _fold_kernels(groups, triton_dir: Path, report: FoldReport, jobs, progress) -> list[CompileSpec]:
+def file_names(g) -> list[str]:
+    """The files in its key dir a miss group names: what fold-back would look up or write."""
+    if g.kind == "kernel":
+        return [f"{GROUP_PREFIX}{g.kernel}.json"]
+    if g.kind == "autotune":
+        return [f"{g.kernel}{AUTOTUNE_SUFFIX}"]
+    return [g.entry.get("file", g.kernel)]
+
+
+def name_problem(g) -> str | None:
+    """Why a miss group's key or file names may not name anything on disk, or None."""
+    if not TRITON_KEY_DIR.fullmatch(g.key):
+        return f"key {shown(g.key, 80)} is not a Triton cache key (52 base32 or 64 hex characters)"
+    for name in [g.kernel] + file_names(g):
+        if not _FILE_NAME.fullmatch(name) or name in (".", "..") or len(name.encode()) > 255:
+            return f"name {shown(name, 80)} is not a plain file name (one component of [A-Za-z0-9_.+-])"
+    return None
+
+
+def _names_ok(g, report: FoldReport) -> bool:
+    problem = name_problem(g)
+    if problem:
+        report.failed.append({**_summary(g), "reason": f"refused, nothing read or written: {problem}"})
+    return problem is None
+
+
+def _regular_in(tfd: int, key: str, name: str) -> bool:
+    """Whether ``key/name`` under the tree ``tfd`` is a regular file; no link is followed."""
+    try:
+        kfd = os.open(key, DIR_FLAGS, dir_fd=tfd)
+    except OSError:  # absent, or not a directory (a link is refused by O_NOFOLLOW)
+        return False
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=kfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(kfd)
+
+
+def _fold_kernels(groups, triton_dir: Path, tfd: int, report: FoldReport, jobs, progress,
+                  allowed: set[str]) -> list[CompileSpec]:
     """Compile the kernel misses the base lacks; the entries (as compiled here, verified) whose
     key is the one the server logged, for the new record."""
     from triton.runtime.cache import _base32
@@ -215,12 +285,13 @@ def _fold_kernels(groups, triton_dir: Path, report: FoldReport, jobs, progress) 
 
     queued: dict[str, tuple[CompileSpec, list]] = {}  # spec_id -> (entry, the groups that logged it)
     for g in groups:
-        if (triton_dir / g.key / f"{GROUP_PREFIX}{g.kernel}.json").is_file():
+        if _regular_in(tfd, g.key, file_names(g)[0]):
             report.in_base.append(_summary(g))
             continue
         if not g.entry.get("record"):
+            why = g.entry.get("record_error", "no listener saw it")
             report.failed.append({**_summary(g), "reason": "the miss was logged without its compile "
-                                  "record (" + g.entry.get("record_error", "no listener saw it") + ")"})
+                                  f"record ({shown(why, 200)})"})
             continue
         try:
             spec = CompileSpec.from_dict(g.entry["record"], f"the record of {g.kernel} {g.key}")
@@ -228,20 +299,20 @@ def _fold_kernels(groups, triton_dir: Path, report: FoldReport, jobs, progress) 
             report.failed.append({**_summary(g), "reason": str(e)})
             continue
         if spec.target != report.target:
-            report.failed.append({**_summary(g), "reason": f"missed on {spec.target}, "
+            report.failed.append({**_summary(g), "reason": f"missed on {shown(spec.target, 64)}, "
                                   f"the base bake is for {report.target}"})
             continue
         queued.setdefault(spec.spec_id(), (spec, []))[1].append(g)
-    before = {p.name for p in triton_dir.iterdir()}
-    by_env: dict[str, list[CompileSpec]] = {}
-    for spec, _ in queued.values():
-        by_env.setdefault(json.dumps(spec.env_vars, sort_keys=True), []).append(spec)
+    before = set(os.listdir(tfd))
     done: dict[str, CompileSpec] = {}
     problems: dict[str, str] = {}
-    for specs in by_env.values():  # the engine's workers run under one set of variables each
-        res = compile_record(CompileRecord(compiles=specs), report.target, triton_dir, jobs=jobs,
-                             progress=progress)
-        report.jobs, report.helpers_built = res.jobs, report.helpers_built + res.helpers_built
+    if queued:
+        # One pool, this process's environment: an entry recorded under other variables is
+        # refused by the workers, never compiled under the variables it names.
+        res = compile_record(CompileRecord(compiles=[spec for spec, _ in queued.values()]),
+                             report.target, triton_dir, jobs=jobs, progress=progress,
+                             allow_modules=allowed)
+        report.jobs, report.helpers_built = res.jobs, res.helpers_built
         done.update((s.spec_id(), s) for s in res.replayed)
         problems.update(res.failed)
         report.problems += [p for p in res.problems if p not in res.failed.values()]
@@ -260,28 +331,108 @@ def _fold_kernels(groups, triton_dir: Path, report: FoldReport, jobs, progress) 
         if got is not None and key in {g.key for g in gs}:
             folded.append(got)
         elif key is not None and key not in before:  # an entry no server would read: not packed
-            shutil.rmtree(triton_dir / key, ignore_errors=True)
+            rmtree_at(tfd, key)  # a name Triton computed here
     return folded
 
 
-def _helper(g, triton_dir: Path) -> dict:
-    file = g.entry.get("file", g.kernel)
+def _helper(g, tfd: int) -> dict:
+    file = file_names(g)[0]
     return {"kernel": g.kernel, "key": g.key, "file": file,
-            "folded": (triton_dir / g.key / file).is_file(), "replicas": list(g.replicas)}
+            "folded": _regular_in(tfd, g.key, file), "replicas": list(g.replicas)}
 
 
-def _fold_autotune(g, triton_dir: Path, report: FoldReport) -> None:
+def _fold_autotune(g, tfd: int, report: FoldReport) -> None:
     entry = {"kernel": g.kernel, "key": g.key, "tuning_key": g.entry.get("tuning_key"),
              "configs": len(g.entry.get("configs") or []), "replicas": list(g.replicas)}
-    target = triton_dir / g.key / f"{g.kernel}.autotune.json"
+    name = file_names(g)[0]
     timings = g.entry.get("timings")
-    if target.is_file():
+    if _regular_in(tfd, g.key, name):
         entry["result"] = "in base"
     elif timings:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # The shape Triton's Autotuner.check_disk_cache writes and reads.
-        target.write_text(json.dumps({"key": g.entry.get("tuning_key"), "configs_timings": timings}))
+        try:
+            checked = autotune_timings(timings)
+        except ValueError as e:
+            report.failed.append({**_summary(g), "reason": f"its autotune result is refused: {e}"})
+            return
+        # The shape Triton's Autotuner.check_disk_cache writes and reads (json.dumps: a failed
+        # candidate's inf timing as Infinity, which Triton's json.load reads back).
+        body = json.dumps({"key": g.entry.get("tuning_key"), "configs_timings": checked})
+        _write_new(tfd, g.key, name, body.encode())
         entry["result"] = "carried"
     else:
         entry["result"] = "needs benchmark"
     report.autotune.append(entry)
+
+
+def autotune_timings(timings) -> list:
+    """An autotune result's ``configs_timings`` from a log line, rebuilt from checked values:
+    each ``[config, timing]`` with the fields of a ``triton.Config`` and nothing else, its
+    launch options within the replay's option allowlist, no ``pre_hook`` and no
+    ``ir_override`` (a file of IR the server would compile in place of the kernel); kwargs of
+    scalar values; a timing a number or a list of them.  ValueError says what is wrong."""
+    if not isinstance(timings, list) or len(timings) > 4096:
+        raise ValueError("configs_timings is not a list of [config, timing]")
+    out = []
+    for i, item in enumerate(timings):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], dict)):
+            raise ValueError(f"configs_timings[{i}] is not a [config, timing] pair")
+        config, timing = item
+        extra = sorted(set(config) - set(_CONFIG_FIELDS))
+        if extra:
+            raise ValueError(f"configs_timings[{i}] has fields a triton.Config has not: {shown(extra, 80)}")
+        for hook in ("pre_hook", "ir_override"):
+            if config.get(hook) is not None:
+                raise ValueError(f"configs_timings[{i}] sets {hook}")
+        kwargs = config.get("kwargs", {})
+        if not (isinstance(kwargs, dict) and all(
+                isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str)))
+                for k, v in kwargs.items())):
+            raise ValueError(f"configs_timings[{i}].kwargs is not an object of scalars")
+        clean = {"kwargs": dict(kwargs)}
+        for name, default in (("num_warps", 4), ("num_stages", 3), ("num_ctas", 1), ("maxnreg", None)):
+            value = config.get(name, default)
+            problem = OPTION_RULES[name](value)
+            if problem:
+                raise ValueError(f"configs_timings[{i}].{name} {problem}")
+            clean[name] = value
+        clean.update(pre_hook=None, ir_override=None)
+        out.append([clean, _timing(timing, i)])
+    return out
+
+
+def _timing(t, i: int):
+    values = t if isinstance(t, list) else [t]
+    if not 0 < len(values) <= 16:
+        raise ValueError(f"configs_timings[{i}] has no timing")
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(float(v))
+        elif v in ("inf", "-inf", "nan"):  # how a strict JSON writer writes non-finite floats
+            out.append(float(v))
+        else:
+            raise ValueError(f"configs_timings[{i}] has a timing that is not a number")
+    if any(math.isnan(v) for v in out):
+        raise ValueError(f"configs_timings[{i}] has a NaN timing")
+    return out if isinstance(t, list) else out[0]
+
+
+def _write_new(tfd: int, key: str, name: str, data: bytes) -> None:
+    """``key/name`` under the tree ``tfd``, created: the key dir made if absent, both opened
+    relative to their parent's fd without following a link; an existing file is an error."""
+    try:
+        os.mkdir(key, 0o755, dir_fd=tfd)
+    except FileExistsError:
+        pass
+    kfd = os.open(key, DIR_FLAGS, dir_fd=tfd)
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=kfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    finally:
+        os.close(kfd)

@@ -1,22 +1,40 @@
 """``cachebake misses LOG|DIR...``: merge the miss logs of many replicas.
 
 Each log is the ``misses.jsonl`` of one pod's overlay (collected with ``kubectl cp`` or a
-sidecar, see README); a directory is searched for ``*.jsonl`` files.  Lines are grouped by
-what missed: kind, kernel and cache key (one key is one specialization: signature,
-constexprs, attrs, options, target).  A group says how often it missed, on which replicas,
-when first and last, and how much compile time it cost.  A torn last line (a pod killed
-mid-write) or a line that is not a miss line is counted, never fatal.
+sidecar, see README); a directory is searched for ``*.jsonl`` files (regular files only: a
+link, FIFO or device found there is skipped and listed, never opened).  Lines are grouped by
+what missed: kind, kernel and cache key (one key is one specialization: signature, constexprs,
+attrs, options, target).  A group says how often it missed, on which replicas, when first and
+last, and how much compile time it cost.
+
+A log is written by a serving pod, which may be compromised, so no line is trusted: each is
+read with a bound on its length, parsed by cachebake.jsonio's strict parser (nesting bounded:
+no RecursionError) and checked field by field.  A torn line (a pod killed mid-write), one that
+is not JSON or is too long or too deep is *unreadable*; JSON that is not a miss line of this
+format is *foreign*; a miss line whose fields have the wrong type (a string ``seconds``, a
+``record`` that is not an object, a list ``key``...) is *malformed*.  All three are counted and
+reported, never fatal.  Names (keys, kernels, files) are kept as text here; fold-back checks
+them before it uses one (cachebake.replay.foldback).
 """
 
 from __future__ import annotations
 
-import json
+import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from cachebake.errors import BadInput, from_os_error
+from cachebake.capture.record import CompileSpec
+from cachebake.errors import BadInput, InvalidDocument, from_os_error
+from cachebake.jsonio import open_regular, parse_json
 from cachebake.serve.misslog import FORMAT
+
+MISS_KINDS = ("kernel", "autotune", "helper")
+MAX_LINE_BYTES = 1 << 20  # a line with its record and an autotune's timings is a few kB
+MAX_FIELD = 1024  # characters of a name, key, time or replica field
+LINE_DOCUMENT = "miss line"
 
 
 @dataclass
@@ -46,8 +64,10 @@ class MissGroup:
 class MissReport:
     logs: list[str]
     lines: int = 0
-    unreadable: int = 0  # torn or non-JSON lines
-    foreign: int = 0  # JSON lines that are not miss lines
+    unreadable: int = 0  # torn, non-JSON, too long or too deep
+    foreign: int = 0  # JSON lines that are not miss lines of this format
+    malformed: int = 0  # miss lines whose fields have the wrong type
+    skipped: list[str] = field(default_factory=list)  # files under a directory that are not regular
     groups: list[MissGroup] = field(default_factory=list)
 
     @property
@@ -60,38 +80,40 @@ class MissReport:
 
     def to_dict(self) -> dict:
         return {"logs": self.logs, "lines": self.lines, "unreadable_lines": self.unreadable,
-                "foreign_lines": self.foreign, "misses": self.misses, "replicas": self.replicas,
+                "foreign_lines": self.foreign, "malformed_lines": self.malformed,
+                "skipped_files": self.skipped, "misses": self.misses, "replicas": self.replicas,
                 "groups": [g.to_dict() for g in self.groups]}
 
-    def render(self, console) -> None:
-        """One entry per group, two lines each: fits any terminal width."""
-        console.print(f"{self.misses} misses of {len(self.groups)} kernels/specializations from "
-                      f"{len(self.replicas)} replicas in {len(self.logs)} logs"
-                      + (f"; {self.unreadable} unreadable lines skipped" if self.unreadable else ""),
-                      highlight=False)
-        for g in self.groups:
-            kind = "" if g.kind == "kernel" else f" ({g.kind})"
-            console.print(f"{g.count:>5}x  [bold]{g.kernel}[/]{kind}  on {len(g.replicas)} "
-                          f"replica{'s' * (len(g.replicas) != 1)}, {_short_time(g.first_seen)} .. "
-                          f"{_short_time(g.last_seen)} UTC, {g.seconds:.2f} s", highlight=False)
-            console.print(f"        {g.specialization}", highlight=False, markup=False)
 
-
-def _short_time(iso: str) -> str:
-    """``2026-11-30T20:02:12.920Z`` -> ``11-30 20:02:12`` for the table (JSON keeps it all)."""
-    return iso[5:19].replace("T", " ") if len(iso) >= 19 else iso
-
-
-def log_files(paths: list[str]) -> list[Path]:
-    """The log files named or found under the directories named; BadInput if none."""
+def log_files(paths: list[str], skipped: list[str] | None = None) -> list[Path]:
+    """The log files named or found under the directories named; BadInput if none.  A file
+    named on the command line is the user's choice (links resolved); under a directory, only
+    regular files count, and what else is there goes to ``skipped``."""
     if not paths:
         raise BadInput("no miss log given (pass LOG files or directories holding them)")
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found += sorted(f for f in p.rglob("*.jsonl") if f.is_file())
+            for dirpath, dirnames, filenames in os.walk(p, followlinks=False):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    if not name.endswith(".jsonl"):
+                        continue
+                    f = Path(dirpath, name)
+                    try:
+                        st = os.lstat(f)
+                    except OSError:  # gone since it was listed
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        found.append(f)
+                    elif skipped is not None:
+                        skipped.append(f"{f} (not a regular file)")
         elif p.is_file():
-            found.append(p)
+            found.append(Path(os.path.realpath(p)))
+        elif os.path.lexists(p) and not p.exists():
+            raise BadInput(f"{p}: a link to nothing, not a miss log")
+        elif os.path.lexists(p):
+            raise BadInput(f"{p}: not a regular file or a directory")
         else:
             raise BadInput(f"{p}: no such miss log or directory")
     if not found:
@@ -99,48 +121,101 @@ def log_files(paths: list[str]) -> list[Path]:
     return found
 
 
-def read_lines(path: Path, report: MissReport) -> Iterator[dict]:
+def _open_log(path: Path) -> int:
     try:
-        f = open(path, "rb")
+        return open_regular(path, "miss log", missing=None)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such miss log (removed while reading?)") from None
+    except InvalidDocument as e:  # swapped for a link, FIFO or device since it was listed
+        raise BadInput(f"{path}: {e.reason}") from None
     except OSError as e:
         raise from_os_error(e, path) from None
-    with f:
-        for raw in f:
-            if not raw.strip():
+
+
+def _lines(fd: int) -> Iterator[bytes | None]:
+    """Each line of ``fd``, at most MAX_LINE_BYTES read at a time; None for a longer one (its
+    rest is read and dropped, never held)."""
+    with os.fdopen(fd, "rb") as f:
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                while raw and not raw.endswith(b"\n"):
+                    raw = f.readline(MAX_LINE_BYTES)
+                yield None
                 continue
-            report.lines += 1
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                report.unreadable += 1
-                continue
-            if not isinstance(entry, dict) or entry.get("cachebake_miss") != FORMAT:
-                report.foreign += 1
-                continue
-            yield entry
+            yield raw
+
+
+def read_lines(path: Path, report: MissReport) -> Iterator[dict]:
+    """The well-formed miss lines of one log; the rest counted in ``report``."""
+    for raw in _lines(_open_log(path)):
+        if raw is not None and not raw.strip():
+            continue
+        report.lines += 1
+        if raw is None:
+            report.unreadable += 1
+            continue
+        try:
+            entry = parse_json(raw, LINE_DOCUMENT)
+        except InvalidDocument:
+            report.unreadable += 1
+            continue
+        version = entry.get("cachebake_miss") if isinstance(entry, dict) else None
+        if type(version) is not int or version != FORMAT:
+            report.foreign += 1
+            continue
+        if line_problem(entry):
+            report.malformed += 1
+            continue
+        yield entry
+
+
+def line_problem(e: dict) -> str | None:
+    """Why a miss line's fields do not have the types the miss log writes, or None."""
+    if e.get("kind") not in MISS_KINDS:
+        return "kind"
+    for key in ("kernel", "key"):
+        if not (isinstance(e.get(key), str) and 0 < len(e[key]) <= MAX_FIELD):
+            return key
+    for key in ("time", "pod", "host", "stored", "namespace", "node", "file", "record_error"):
+        if key in e and not (isinstance(e[key], str) and len(e[key]) <= MAX_FIELD):
+            return key
+    seconds = e.get("seconds")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                    and math.isfinite(seconds) and seconds >= 0):
+        return "seconds"
+    if e.get("record") is not None and not isinstance(e["record"], dict):
+        return "record"
+    for key in ("configs", "timings"):
+        if e.get(key) is not None and not isinstance(e[key], list):
+            return key
+    return None
 
 
 def specialization(entry: dict) -> str:
     """``*fp16,*fp16,i32 BLOCK=512 num_warps=8`` for a kernel; the tuning key for an
     autotune result; the file for a helper."""
-    kind = entry.get("kind")
+    kind = entry["kind"]
     if kind == "autotune":
         return f"tuning key {entry.get('tuning_key')}, {len(entry.get('configs') or [])} configs"
     if kind == "helper":
         return str(entry.get("file", ""))
-    rec = entry.get("record") or {}
-    if not rec:
+    if not entry.get("record"):
         return "(no record)"
-    sig = rec.get("signature") or []
-    names = [name for name, _ in sig]
-    types = ",".join(str(ty) for _, ty in sig if ty != "constexpr")
+    try:
+        rec = CompileSpec.from_dict(entry["record"], "record")
+    except InvalidDocument:
+        return "(malformed record)"
+    names = [name for name, _ in rec.signature]
+    types = ",".join(str(ty) for _, ty in rec.signature if ty != "constexpr")
     consts = []
-    for path, v in rec.get("constexprs") or []:
+    for path, v in rec.constexprs:
         name = names[path[0]] if len(path) == 1 and path[0] < len(names) else str(path)
         consts.append(f"{name}={_value(v)}")
-    options = rec.get("options") or {}
-    opts = [f"{k}={options[k]}" for k in ("num_warps", "num_stages") if k in options]
-    divisible = sum(1 for _, v in rec.get("attrs") or [] if v)
+    opts = [f"{k}={rec.options[k]}" for k in ("num_warps", "num_stages") if k in rec.options]
+    divisible = sum(1 for _, v in rec.attrs if v)
     parts = [types] + consts + opts + ([f"{divisible} args %16"] if divisible else [])
     return " ".join(p for p in parts if p)
 
@@ -153,22 +228,23 @@ def _value(v) -> str:
 
 
 def merge(paths: list[str]) -> MissReport:
-    files = log_files(paths)
-    report = MissReport(logs=[str(f) for f in files])
+    skipped: list[str] = []
+    files = log_files(paths, skipped)
+    report = MissReport(logs=[str(f) for f in files], skipped=skipped)
     groups: dict[tuple[str, str, str], MissGroup] = {}
     for path in files:
         for e in read_lines(path, report):
-            ident = (str(e.get("kind", "?")), str(e.get("kernel", "?")), str(e.get("key", "")))
+            ident = (e["kind"], e["kernel"], e["key"])
             g = groups.get(ident)
             if g is None:
                 g = groups[ident] = MissGroup(*ident, specialization=specialization(e), entry=e)
             elif not g.entry.get("record") and e.get("record"):
                 g.entry, g.specialization = e, specialization(e)  # a line that has the record
             g.count += 1
-            t = str(e.get("time", ""))
+            t = e.get("time", "")
             g.first_seen = min(g.first_seen, t) if g.first_seen else t
             g.last_seen = max(g.last_seen, t)
-            g.seconds += float(e.get("seconds") or 0.0)
+            g.seconds += e.get("seconds") or 0.0
             replica = e.get("pod") or e.get("host") or "?"
             if replica not in g.replicas:
                 g.replicas.append(replica)

@@ -4,6 +4,12 @@ The inputs of ``triton.compile`` are rebuilt from the entry as Triton 3.6's JIT 
 a launch (cachebake.capture.keys).  Given those, ``triton.compile(src, target=...)`` writes the
 entry under the key a launch on that target computes, with no GPU and no libcuda.
 
+What a worker trusts: nothing in the entry.  It runs with this process's own environment (a
+record's variables are compared with Triton's view of it, never applied: they would reach
+LLVM, gcc, ld and ptxas), imports only modules its ``ModuleAllowlist`` allows, and compiles
+only entries whose options pass the allowlist (cachebake.capture.keys ``entry_problems``, checked
+again here whoever submitted the entry).
+
 Launcher helpers: ``cuda_utils`` and ``__triton_launcher`` are C sources Triton builds with
 gcc and caches under ``sha256(source + platform)`` (runtime/build.py
 ``compile_module_from_src``); the source depends on the signature and constants, never on the
@@ -23,44 +29,54 @@ import tempfile
 import time
 from pathlib import Path
 
-from cachebake.capture.keys import (ReplayProblem, autotune_result_hash, build_source,
-                                    compile_options, config_text, make_config, resolve_kernel,
-                                    target_of)
-from cachebake.capture.record import AutotuneSpec, CompileSpec
+from cachebake.capture.keys import (ModuleAllowlist, ReplayProblem, autotune_result_hash,
+                                    build_source, compile_options, config_text, entry_problems,
+                                    env_problem, kernel_problem, make_config, option_problems,
+                                    resolve_kernel, target_of)
+from cachebake.capture.record import AutotuneSpec, CompileSpec, shown
 
 
 def check_env(spec_env: dict) -> None:
+    """ReplayProblem unless Triton reads, in this process, the cache-invalidating variables the
+    entry was recorded under."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
-    here = dict(sorted(get_cache_invalidating_env_vars().items()))
-    if here != dict(sorted(spec_env.items())):
-        raise ReplayProblem(f"cache-invalidating variables differ: recorded {spec_env}, here {here}")
+    problem = env_problem(spec_env, dict(get_cache_invalidating_env_vars()))
+    if problem:
+        raise ReplayProblem(problem)
 
 
 # -- what a worker process runs ----------------------------------------------------------------
 
-def init_worker(cache_dir: str, env: dict[str, str]) -> None:
-    """Pool initializer: the fresh cache and the recorded variables, before Triton reads them.
-    Triton's own file manager writes it, whatever manager the caller's environment names (a
-    replay run where ``install --overlay``'s variables are set would otherwise send every
-    entry to that overlay, not into ``cache_dir``)."""
-    os.environ.update(env)
+def init_worker(cache_dir: str) -> None:
+    """Pool initializer, before Triton reads its knobs: the fresh cache, written by Triton's own
+    file manager whatever manager the caller's environment names (a replay run where ``install
+    --overlay``'s variables are set would otherwise send every entry to that overlay, not into
+    ``cache_dir``).  Nothing else of the environment changes: a record's variables are never
+    applied.  The worker's stdout goes to stderr: the caller's stdout may be one JSON document
+    (``--json``), and an imported kernel module or Triton may print."""
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     os.environ.pop("TRITON_CACHE_MANAGER", None)
+    os.dup2(2, 1)
 
 
-def compile_job(spec_dict: dict, target_text: str) -> dict:
-    """Compile one entry for ``target_text``; a plain dict back (it crosses processes)."""
+def compile_job(spec_dict: dict, target_text: str, allowed_modules: list[str]) -> dict:
+    """Compile one entry for ``target_text``; a plain dict back (it crosses processes).
+    ``allowed_modules``: the whole allowlist (``ModuleAllowlist.names``) the caller checked."""
     t0 = time.monotonic()
     spec = CompileSpec.from_dict(spec_dict)
+    allowed = ModuleAllowlist(allowed_modules, defaults=False)
     out = {"spec_id": spec.spec_id(), "label": spec.label(), "kernel": spec.kernel.label}
     try:
         import triton
 
+        problems = entry_problems(spec, allowed)
+        if problems:
+            raise ReplayProblem("; ".join(problems))
         check_env(spec.env_vars)
         target = target_of(target_text)
-        fn = resolve_kernel(spec.kernel)
-        src = build_source(spec, fn)
+        fn = resolve_kernel(spec.kernel, allowed)
+        src = build_source(spec, fn, allowed)
         events = []
         triton.knobs.compilation.listener = (
             lambda *, src, metadata, metadata_group, times, cache_hit: events.append(cache_hit))
@@ -70,14 +86,14 @@ def compile_job(spec_dict: dict, target_text: str) -> dict:
     except ReplayProblem as e:
         out.update(ok=False, problem=str(e))
     except Exception as e:  # a compile error for this target: reported with the entry
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = (str(e).strip().splitlines() or [""])[0]
         out.update(ok=False, problem=f"{spec.kernel.label}: compile failed for {target_text}: "
-                                     f"{type(e).__name__}: {first}")
+                                     f"{type(e).__name__}: {shown(first, 300)}")
     out["seconds"] = round(time.monotonic() - t0, 3)
     return out
 
 
-def autotune_job(spec_dict: dict, target_text: str) -> dict:
+def autotune_job(spec_dict: dict, target_text: str, allowed_modules: list[str]) -> dict:
     """Write a recorded autotune result where this Triton looks for it on ``target_text``
     (the recorded target only: timings from another GPU would pick wrong configs)."""
     import json
@@ -85,14 +101,23 @@ def autotune_job(spec_dict: dict, target_text: str) -> dict:
     from triton.runtime.cache import get_cache_manager
 
     spec = AutotuneSpec.from_dict(spec_dict)
+    allowed = ModuleAllowlist(allowed_modules, defaults=False)
     try:
+        problem = kernel_problem(spec.kernel, allowed)
+        if problem:
+            raise ReplayProblem(problem)
         check_env(spec.env_vars)
-        fn = resolve_kernel(spec.kernel)
+        fn = resolve_kernel(spec.kernel, allowed)
         for c in spec.configs:
-            if c.text and config_text(c) != c.text:
-                raise ReplayProblem(f"{spec.kernel.label}: config {c.text!r} does not rebuild exactly")
-        key = autotune_result_hash(spec, target_of(target_text), fn)
-        timings = [(make_config(c).__dict__, t) for c, t in zip(spec.configs, spec.timings or [])]
+            bad = option_problems({"num_warps": c.num_warps, "num_stages": c.num_stages,
+                                   "num_ctas": c.num_ctas, "maxnreg": c.maxnreg})
+            if bad:
+                raise ReplayProblem(f"{spec.kernel.label}: a config's {'; '.join(bad)}")
+            if c.text and config_text(c, allowed) != c.text:
+                raise ReplayProblem(f"{spec.kernel.label}: config {shown(c.text, 120)} does not rebuild exactly")
+        key = autotune_result_hash(spec, target_of(target_text), fn, allowed)
+        # make_config sets no pre_hook and no ir_override: what Triton reads back is data only
+        timings = [(make_config(c, allowed).__dict__, t) for c, t in zip(spec.configs, spec.timings or [])]
         cache = get_cache_manager(key)
         body = json.dumps({"key": _tuning_values(spec.tuning_key), "configs_timings": timings},
                           default=lambda o: None)
@@ -109,7 +134,7 @@ def _tuning_values(text: str):
 
     try:
         return list(ast.literal_eval(text))
-    except (ValueError, SyntaxError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
 
 

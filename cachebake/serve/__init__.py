@@ -4,6 +4,8 @@
   bake;
 - ``layered``: a Triton cache manager that reads the baked tree read-only and writes misses to
   a writable overlay (or to memory), so a miss never crashes a server whose cache is read-only;
+- ``overlay``: that overlay, private to the server's uid (made 0700) or refused, opened by fd
+  without following links;
 - ``misslog``: one JSON line per miss, from every process of every replica (the offline side,
   ``cachebake misses`` and fold-back, is cachebake.replay's);
 - ``vllm_plugin``: the ``vllm.general_plugins`` entry point that turns both the monitor and

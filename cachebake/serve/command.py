@@ -4,20 +4,59 @@ into flags, each cache role where install put it (``roles.serving_env``), the ca
 variables the bake ran with, and the variables vLLM's torch.compile hashes need to come out as
 the bake's (``serveargs.identity_serve_env``: the HOME/XDG-derived compile factors, the Hugging
 Face cache of a hub id).
+
+The manifest is hostile input (an artifact from a registry, a JSON file from anywhere), and its
+text is meant for ``eval "$(cachebake serve-args ART)"``: so every environment key must be a
+shell name (``ENV_NAME``, refused otherwise as install refuses a malformed document, exit 5,
+naming the field), every value is a string ``shlex.quote`` quotes, and a note becomes a
+comment only folded onto one line (``one_line``).  What ``eval`` runs is then exactly the
+``export`` lines and the one ``vllm serve`` command.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cachebake import roles as roles_mod
-from cachebake.errors import BadInput
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
 from cachebake.serveargs import (BAKE_ONLY, IDENTITY_KEY, identity_serve_env, model_reference,
                                  serve_args_to_flags)
+
+# POSIX's portable environment variable names (and what every shell's `export` takes)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Characters that end or disturb a line in the text other programs read: C0 and C1 controls,
+# DEL, and the line breaks YAML 1.1 (PyYAML) and Unicode know beyond \n and \r.
+_BREAKS = {c: ascii(chr(c))[1:-1] for c in [*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0), 0x2028, 0x2029]}
+
+
+def one_line(text) -> str:
+    """``text`` as one line with no control characters: each is written as its escape
+    (``\\n``, ``\\x1b``), so a comment made of it cannot end early in a shell script or a YAML
+    stream (nor make PyYAML refuse the stream), and the reader still sees what was there."""
+    return str(text).translate(_BREAKS)
+
+
+def comment(text) -> str:
+    """A ``# ...`` comment line for shell or YAML, from any text (``one_line``)."""
+    return f"# {one_line(text)}"
+
+
+def check_env(env: dict, document: str, field: str) -> dict[str, str]:
+    """``env`` as a server environment: names ``ENV_NAME``, values strings without NUL (which
+    no environment can hold); anything else is refused as a malformed document (exit 5)."""
+    if not isinstance(env, dict):
+        raise InvalidDocument(document, field, "must be an object of environment variables")
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+            raise InvalidDocument(document, f"{field}[{ascii(key)}]",
+                                  "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidDocument(document, f"{field}.{key}", "must be a string without NUL")
+    return env
 
 
 @dataclass
@@ -34,9 +73,15 @@ class ServeCommand:
         return ["vllm", "serve", self.model_path, *self.flags]
 
     def shell(self) -> str:
-        lines = [f"# {n}" for n in self.notes]
+        """Shell text for ``eval``: comments, ``export NAME=VALUE`` lines, the command.  Names
+        are checked again here (the env may have been extended since it was read)."""
+        try:
+            check_env(self.env, "serve environment", "env")
+        except InvalidDocument as e:
+            raise CorruptArtifact(str(e)) from None
+        lines = [comment(n) for n in self.notes]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        lines.append(" ".join(shlex.quote(a) for a in self.argv))
+        lines.append(shlex.join(self.argv))
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,10 +94,12 @@ def read_manifest(artifact: str, target: str | None = None) -> dict[str, Any]:
     manifest JSON file."""
     p = Path(artifact)
     if p.is_file() and p.suffix == ".json":
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{p}: not a readable manifest: {e}") from e
+        # the strict reader every artifact document goes through: bounded, a regular file,
+        # strict JSON (no duplicate keys, no NaN, bounded nesting)
+        from cachebake.artifact.schema import CAP_CONFIG
+        from cachebake.jsonio import load_document
+
+        data = load_document(p, str(p), CAP_CONFIG)
         if not isinstance(data, dict) or "bake" not in data:
             raise BadInput(f"{p}: not a bake manifest (no 'bake' section)")
         return data
@@ -65,52 +112,81 @@ def read_manifest(artifact: str, target: str | None = None) -> dict[str, Any]:
 
 def _left_out(root: str) -> dict[str, str]:
     """Roles an install at ``root`` left out (install.json's ``left_out``): the server must
-    not be pointed at them."""
+    not be pointed at them.  install.json sits in a shared volume: its roles must be known
+    ones and its reasons strings (they become comments, folded onto one line)."""
     from cachebake.install.atomic import InstallDir
 
-    return dict((InstallDir(root).installed() or {}).get("left_out") or {})
+    left_out = (InstallDir(root).installed() or {}).get("left_out") or {}
+    if not isinstance(left_out, dict) or not all(
+            r in roles_mod.ROLE_ENV and isinstance(why, str) for r, why in left_out.items()):
+        raise InvalidDocument(f"{root}/.cachebake install.json", "left_out",
+                              "must map known cache roles to reasons")
+    return dict(left_out)
 
 
-def serve_command(manifest: dict[str, Any], root: str | None = None) -> ServeCommand:
+def _roles(value, c, field: str) -> list[str] | None:
+    if value is None:
+        return None
+    from cachebake.artifact.schema import check_roles
+
+    return check_roles(value, c, field)
+
+
+def serve_command(manifest: dict[str, Any], root: str | None = None,
+                  document: str = "bake manifest") -> ServeCommand:
     """The ``vllm serve`` command and environment matching a bake, from its manifest dict.
 
     ``root``: where the artifact is (or will be) installed; the cache roles' variables point
     under it.  Without it, the root the bake used.  The bake section is either the vllm
     driver's own record (``bake_record``: model path and serve args) or the build's record of
     the driver (``model``, ``tp``, ``serve_args``, ``model_dir``), from which the rest is
-    resolved the way the driver resolved it."""
-    bake = manifest.get("bake") or {}
+    resolved the way the driver resolved it.  Every field read is type-checked first
+    (InvalidDocument, exit 5, naming ``document`` and the field)."""
+    from cachebake.artifact.schema import Checker
+
+    c = Checker(document)
+    bake = c.obj(manifest.get("bake") or {}, "bake")
     if bake.get("driver") != "vllm":
         raise BadInput("this artifact was not baked with the vllm driver: it records no vLLM serve args")
     model = bake.get("model")
     notes: list[str] = []
     if isinstance(model, dict):
-        path, serve_args = model.get("path"), bake.get("serve_args")
+        path = c.opt_str(model.get("path"), "bake.model.path")
+        serve_args = bake.get("serve_args")
+        if serve_args is not None:
+            c.obj(serve_args, "bake.serve_args")
     else:
-        path, serve_args = bake.get("model_dir"), None
+        path = c.opt_str(bake.get("model_dir"), "bake.model_dir")
         if not model:
             raise BadInput("this artifact's bake section records no model")
+        c.string(model, "bake.model")
+        tp = c.opt_int(bake.get("tp"), "bake.tp", lo=1, hi=1 << 16)
+        recorded = bake.get("serve_args")
+        if recorded is not None and not isinstance(recorded, (dict, str)):
+            c.fail("bake.serve_args", "must be an object or vllm serve flags")
         from cachebake.serveargs import resolve  # as the driver resolved it
 
-        recipe, serve_args, resolved_path = resolve(str(model), bake.get("tp"),
-                                                    serve_args=bake.get("serve_args"),
-                                                    model_dir=path)
+        recipe, serve_args, resolved_path = resolve(model, tp, serve_args=recorded, model_dir=path)
         path = resolved_path
         if recipe.local_path is None:
             notes.append(f"serve args resolved from recipe {recipe.ref} as this cachebake knows it")
     if not path or serve_args is None:
         raise BadInput("this artifact's bake section records no model path / serve args")
     flags = serve_args_to_flags({k: v for k, v in serve_args.items() if k not in BAKE_ONLY})
-    env_rec = bake.get("env") or {}
-    roles = manifest.get("roles") or env_rec.get("roles") or bake.get("roles")
+    env_rec = c.obj(bake.get("env") or {}, "bake.env")
+    roles = (_roles(manifest.get("roles"), c, "roles") or _roles(env_rec.get("roles"), c, "bake.env.roles")
+             or _roles(bake.get("roles"), c, "bake.roles"))
     env: dict[str, str] = {}
-    base = root or env_rec.get("root")
+    base = root or c.opt_str(env_rec.get("root"), "bake.env.root")
+    if base is not None and not base.startswith("/"):
+        c.fail("bake.env.root", "must be an absolute path")
     from cachebake.drivers.vllm_engine import SERVE_ENV_VARS
 
     # Only the variables the driver records there (the roles, SERVE_ENV_VARS): a manifest is
     # an artifact's word, and must not hand the server LD_PRELOAD or PYTHONPATH.
     allowed = {*roles_mod.ROLE_ENV.values(), *SERVE_ENV_VARS}
-    baked_env = {k: str(v) for k, v in (bake.get("serve_env") or {}).items() if k in allowed}
+    baked_env = {k: v for k, v in check_env(bake.get("serve_env") or {}, document,
+                                            "bake.serve_env").items() if k in allowed}
     if base is not None:
         roles = list(roles or roles_mod.ROLE_ENV)
         left_out = _left_out(root) if root else {}
@@ -122,18 +198,20 @@ def serve_command(manifest: dict[str, Any], root: str | None = None) -> ServeCom
     else:
         env.update(baked_env)
     # Cache-invalidating variables enter every kernel key: the server must set them identically.
-    env.update((manifest.get("fingerprint") or {}).get("env") or {})
-    env.update(env_rec.get("invalidating_env_vars") or {})
-    env.update(bake.get("invalidating_env_vars") or {})
+    fingerprint = c.obj(manifest.get("fingerprint") or {}, "fingerprint")
+    env.update(check_env(fingerprint.get("env") or {}, document, "fingerprint.env"))
+    env.update(check_env(env_rec.get("invalidating_env_vars") or {}, document,
+                         "bake.env.invalidating_env_vars"))
+    env.update(check_env(bake.get("invalidating_env_vars") or {}, document, "bake.invalidating_env_vars"))
     # vLLM's torch.compile hashes: the factors that follow HOME/XDG, exactly as the bake had them
     env.update(identity_serve_env(bake))
-    notes += identity_notes(bake, str(path), env)
-    return ServeCommand(model_path=str(path), flags=flags, env=env, notes=notes)
+    notes += identity_notes(bake, path, env)
+    return ServeCommand(model_path=path, flags=flags, env=env, notes=notes)
 
 
 def _shown(text: object, limit: int = 200) -> str:
-    """A value from a manifest, fit for one line of a note (the notes become shell comments)."""
-    s = "".join(c if c.isprintable() else "?" for c in str(text))
+    """A value from a manifest, fit for one line of a note (``one_line``), and short."""
+    s = one_line(text)
     return s if len(s) <= limit else s[:limit] + "..."
 
 

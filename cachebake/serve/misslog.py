@@ -2,8 +2,9 @@
 
 A line (``"cachebake_miss": 1``) holds what missed (``kind``: ``kernel``, ``autotune`` or
 ``helper``; ``kernel``; ``key``, the cache key dir), what it cost (``seconds``: the compile,
-the benchmark, the gcc build), where the result went (``stored``: ``overlay`` or ``memory``),
-who saw it (``host``, ``pod``/``namespace``/``node`` from the downward API, ``pid``) and when
+the benchmark, the gcc build), where the result went (``stored``: ``overlay`` or ``spill``),
+why an entry that was there could not be used (``reason``, only then: e.g. ``bake:
+add_kernel.json metadata unreadable (not valid JSON: ...)``), who saw it (``host``, ``pod``/``namespace``/``node`` from the downward API, ``pid``) and when
 (``time``, UTC), plus what ``cachebake replay --misses`` needs to compile it again: a kernel's
 ``record`` (a ``cachebake.capture.record.CompileSpec`` dict, made by the replay recorder's own
 ``spec_from_compile``: the entry a bake's compile record holds), an autotune result's
@@ -11,8 +12,11 @@ who saw it (``host``, ``pod``/``namespace``/``node`` from the downward API, ``pi
 
 Lines go to ``$CACHEBAKE_MISS_LOG`` (``<overlay>/misses.jsonl`` by default) with one ``write``
 on an ``O_APPEND`` descriptor, so processes sharing the file never interleave within a line.
-If it cannot be written, the line goes to stderr (``cachebake: miss: {...}``), where the pod's
-log keeps it; logging never raises into the server.
+The file is opened O_NOFOLLOW|O_NONBLOCK, inside the overlay through the overlay's own checks
+(cachebake.serve.overlay), and used only if it is a regular file of this process's uid with one
+link: a symlinked or hard-linked log would append the server's lines to someone else's file.
+If it is refused or cannot be written, the line goes to stderr (``cachebake: miss: {...}``),
+where the pod's log keeps it; logging never raises into the server.
 
 Kernel misses are seen twice: the cache manager knows a kernel missed (its ``put_group``), the
 compilation listener knows the source (``src``) that missed, right after.  The manager notes a
@@ -32,8 +36,10 @@ import threading
 import time
 from typing import Any
 
+from cachebake import jsonio
 from cachebake.roles import MISS_LOG_ENV, MISS_LOG_NAME, OVERLAY_ENV
 from cachebake.serve import POD_ENV
+from cachebake.serve import overlay as overlay_mod
 
 FORMAT = 1
 HELPER_SUFFIXES = (".so",)  # Triton names its helpers <name><EXT_SUFFIX>, .so on Linux
@@ -51,6 +57,39 @@ def log_path() -> str | None:
     return os.path.join(overlay, MISS_LOG_NAME) if overlay else None
 
 
+def _inside(path: str, directory: str) -> str | None:
+    """``path`` relative to ``directory`` if it lies inside it (lexically), else None."""
+    path, directory = os.path.normpath(path), os.path.normpath(directory)
+    return path[len(directory) + 1:] if path.startswith(directory.rstrip("/") + "/") else None
+
+
+def open_log(path: str) -> int:
+    """An O_APPEND fd of the miss log.  Inside the overlay it is opened through the overlay's
+    own checks (cachebake.serve.overlay: the overlay private, every dir on the way ours, no
+    link followed); elsewhere its directory is made if absent and the file itself is opened
+    without following a link or blocking.  Either way the file must be a regular file of ours
+    with one link.  Raises Refused, or OSError."""
+    ovl = overlay_mod.current()
+    rel = _inside(path, ovl.path) if ovl is not None else None
+    if rel is not None:
+        return ovl.open_append(rel)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        fd = os.open(path, overlay_mod.APPEND_FLAGS, overlay_mod.FILE_MODE)
+    except OSError as e:
+        if e.errno in (6, 20, 40):  # a FIFO, not a directory, a symbolic link
+            raise overlay_mod.Refused(f"it {overlay_mod.open_error(e)}") from None
+        raise
+    st = os.fstat(fd)
+    why = overlay_mod.file_problem(st, os.geteuid(), 1 << 62) or (
+        f"has {st.st_nlink} hard links" if st.st_nlink != 1 else None)
+    if why is not None:
+        os.close(fd)
+        raise overlay_mod.Refused(f"it {why}")
+    os.set_blocking(fd, True)
+    return fd
+
+
 class _Writer:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -59,13 +98,21 @@ class _Writer:
         self.failed: set[str] = set()
 
     def write(self, entry: dict) -> None:
-        line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+        # strict JSON (a failed autotune candidate is timed inf: written "inf"), as every
+        # reader of these lines parses them (cachebake.jsonio)
+        line = (jsonio.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
         path = log_path()
         with self.lock:
             if path and path not in self.failed:
                 try:
                     self._write(path, line)
                     return
+                except overlay_mod.OverlayRefused:  # the overlay's own line has said why
+                    self.failed.add(path)
+                except overlay_mod.Refused as e:
+                    self.failed.add(path)
+                    sys.stderr.write(f"cachebake: the miss log {path} is refused: {e}; "
+                                     "misses go to stderr\n")
                 except OSError as e:
                     self.failed.add(path)
                     sys.stderr.write(f"cachebake: the miss log {path} cannot be written "
@@ -78,8 +125,8 @@ class _Writer:
             # After a fork the child opens its own descriptor (same file, same O_APPEND).
             if self.fd is not None and self.opened and self.opened[1] == os.getpid():
                 os.close(self.fd)
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.fd = None
+            self.fd = open_log(path)
             self.opened = (path, os.getpid())
         written = os.write(self.fd, line)  # one write: O_APPEND puts the whole line at the end
         if written != len(line):
@@ -121,8 +168,11 @@ _pending_lock = threading.Lock()
 _pending: dict[str, tuple[int, dict]] = {}  # key -> (thread id, entry waiting for its record)
 
 
-def note_file_miss(key: str, filename: str, data: bytes, seconds: float | None, stored: str) -> None:
-    """An autotune result or a launcher helper was missing and has just been produced."""
+def note_file_miss(key: str, filename: str, data: bytes, seconds: float | None, stored: str,
+                   reason: str | None = None) -> None:
+    """An autotune result or a launcher helper was missing (or unusable: ``reason``) and has
+    just been produced."""
+    why = {"reason": reason} if reason else {}
     if filename.endswith(_AUTOTUNE_SUFFIX):
         extra: dict[str, Any] = {}
         try:
@@ -131,22 +181,25 @@ def note_file_miss(key: str, filename: str, data: bytes, seconds: float | None, 
             extra["configs"] = [c for c, _ in extra["timings"] or []]
         except (ValueError, TypeError, AttributeError):
             extra = {"unreadable": True}
-        write(make_entry("autotune", filename[: -len(_AUTOTUNE_SUFFIX)], key, seconds, stored, **extra))
+        write(make_entry("autotune", filename[: -len(_AUTOTUNE_SUFFIX)], key, seconds, stored, **extra, **why))
     else:
         name = filename.split(".", 1)[0]
-        write(make_entry("helper", name, key, seconds, stored, file=filename))
+        write(make_entry("helper", name, key, seconds, stored, file=filename, **why))
 
 
-def note_kernel_miss(key: str, metadata_filename: str, seconds: float | None, stored: str) -> None:
-    """A kernel missed every layer and was compiled (its group was just stored).  The
-    listener, called next by ``triton.compile``, adds the record and writes the line."""
+def note_kernel_miss(key: str, metadata_filename: str, seconds: float | None, stored: str,
+                     reason: str | None = None) -> None:
+    """A kernel missed every layer and was compiled (its group was just stored); ``reason``:
+    why an entry found for it was not used.  The listener, called next by
+    ``triton.compile``, adds the record and writes the line."""
     kernel = metadata_filename[:-5] if metadata_filename.endswith(".json") else metadata_filename
     me = threading.get_ident()
     with _pending_lock:
         stale = [k for k, (tid, _) in _pending.items() if tid == me]
         lines = [_pending.pop(k)[1] for k in stale]
+        why = {"reason": reason} if reason else {}
         _pending[key] = (me, make_entry("kernel", kernel, key, seconds, stored, record=None,
-                                    record_error=NO_LISTENER))
+                                        record_error=NO_LISTENER, **why))
     for line in lines:  # the listener did not come for these: log what we know
         write(line)
 

@@ -1,0 +1,192 @@
+"""serve-args: what `eval "$(cachebake serve-args ART)"` runs is exactly the exports and the one
+`vllm serve` command the bake records, whatever the artifact holds.  Checked with the real
+parser: bash evaluates the real command's output, with `vllm` a shell function that records
+its arguments, and a canary file that any injected command would create."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cachebake.artifact.pack import CacheRoot, pack_artifact
+from cachebake.errors import ExitCode
+from cachebake.serve.command import ServeCommand, comment, one_line
+
+REPO = Path(__file__).resolve().parent.parent
+
+# An injected command would create CANARY (the tests run it in a temp dir, cwd).
+INJECT = "$(touch CANARY)"
+HOSTILE_VALUES = {
+    "VLLM_SUBST": INJECT, "VLLM_BACKTICK": "`touch CANARY`", "VLLM_QUOTES": "'\"'\"; touch CANARY; '\\",
+    "VLLM_NEWLINES": "a\nexport EVIL=1\n---\ntouch CANARY", "VLLM_ESC": "\x1b]0;t\x07\x1b[2J",
+    "VLLM_CR": "a\rb", "VLLM_EMPTY": "", "VLLM_SPACES": "  x  y ", "VLLM_UNICODE": "é\u2028\u2029\x85",
+    "VLLM_GLOB": "*", "VLLM_DOLLAR": "$HOME ${PATH}", "VLLM_SEMI": "x; touch CANARY",
+}
+HOSTILE_KEYS = ["X;touch CANARY;Y", "A=B", "$(touch CANARY)", "PATH\nexport EVIL", "1X", "X Y", "`id`",
+                "X-Y", "", "É"]
+
+
+def _bake(**extra) -> dict:
+    return {"driver": "vllm", "model": {"path": "/models/m"}, "serve_args": {"max_num_seqs": 8},
+            "serve_env": {"TRITON_CACHE_AUTOTUNING": "1"}, **extra}
+
+
+def _artifact(triton_cache, tmp_path, bake) -> Path:
+    art = tmp_path / "art"
+    pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90", bake=bake)
+    return art
+
+
+def _manifest_file(tmp_path, doc) -> Path:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "CACHEBAKE_", "VLLM_"))}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+# vllm is a function that writes its argv (NUL-separated); cachebake one that runs the real CLI
+# and keeps its exit status (eval's own is the last command's); the env before and after eval.
+_EVAL = ('vllm() { printf "%s\\0" "$@" > argv.bin; }; '
+         'cachebake() { "$PY" -m cachebake.cli "$@"; echo $? > rc; }; '
+         'env -0 > before.bin; eval "$(cachebake serve-args "$ART" "${EXTRA[@]}")"; '
+         'env -0 > after.bin; exit "$(cat rc)"')
+
+
+def _eval(art, cwd: Path, *extra):
+    """bash -c 'eval "$(cachebake serve-args ART)"': (rc, argv vllm got, env it added/changed)."""
+    script = f"EXTRA=({' '.join(map(repr, extra))}); " + _EVAL
+    r = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True,
+                       env=_env(PY=sys.executable, ART=str(art)), timeout=120)
+
+    def parse(name):
+        data = (cwd / name).read_bytes() if (cwd / name).exists() else b""
+        return [x.decode() for x in data.split(b"\0")[:-1]]
+    before = dict(x.split("=", 1) for x in parse("before.bin"))
+    after = dict(x.split("=", 1) for x in parse("after.bin"))
+    changed = {k: v for k, v in after.items() if before.get(k) != v and k != "_"}
+    return r, parse("argv.bin"), changed
+
+
+def test_eval_runs_exactly_the_exports_and_the_command_of_a_hostile_artifact(triton_cache, tmp_path):
+    model = "/models/m\n$(touch CANARY)`touch CANARY`; touch CANARY"
+    bake = _bake(model={"path": model}, serve_env={**HOSTILE_VALUES, "TRITON_CACHE_AUTOTUNING": "1"},
+                 serve_args={"max_num_seqs": 8, "tokenizer": INJECT, "weird_key; touch CANARY": "x\ny"})
+    art = _artifact(triton_cache, tmp_path, bake)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == 0, r.stderr
+    assert not (work / "CANARY").exists()
+    expected = {**HOSTILE_VALUES, "TRITON_CACHE_AUTOTUNING": "1"}
+    from cachebake.artifact.fingerprint import current_fingerprint
+    expected.update(current_fingerprint("sm_90").env)  # the bake's cache-invalidating variables
+    assert changed == expected
+    assert argv == ["serve", model, "--max-num-seqs", "8", "--tokenizer", INJECT,
+                    "--weird-key; touch CANARY", "x\ny"]
+
+
+@pytest.mark.parametrize("key, where", [*((k, "serve_env") for k in HOSTILE_KEYS),
+                                        *((k, w) for k in HOSTILE_KEYS[:3]
+                                          for w in ("invalidating_env_vars", "env.invalidating_env_vars"))])
+def test_a_key_that_is_no_variable_name_is_refused_naming_it(triton_cache, tmp_path, key, where):
+    section = {key: "1"}
+    bake = _bake(env={"invalidating_env_vars": section}) if where.startswith("env.") else _bake(**{where: section})
+    art = _artifact(triton_cache, tmp_path, bake)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == ExitCode.CORRUPT, r.stderr
+    assert r.stderr.count("\n") == 1 and ascii(key) in r.stderr and f"bake.{where}" in r.stderr
+    assert "Traceback" not in r.stderr and "\x1b" not in r.stderr
+    assert argv == [] and changed == {} and not (work / "CANARY").exists()
+
+
+def test_a_manifest_json_file_gets_the_same_checks_and_the_strict_reader(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = {"bake": _bake(), "fingerprint": {"env": {"X;touch CANARY": "1"}}}
+    r, argv, changed = _eval(_manifest_file(tmp_path, doc), work)
+    assert r.returncode == ExitCode.CORRUPT and "fingerprint.env['X;touch CANARY']" in r.stderr
+    assert argv == [] and changed == {} and not (work / "CANARY").exists()
+    # the strict reader: duplicate keys (two parsers, two values) and NaN are refused
+    path = tmp_path / "dup.json"
+    path.write_text('{"bake": {"driver": "vllm", "model": {"path": "/m"}, "serve_args": {}, '
+                    '"serve_env": {"A": "1", "A": "$(touch CANARY)"}}}')
+    r, argv, changed = _eval(path, work)
+    assert r.returncode == ExitCode.CORRUPT and "appears twice" in r.stderr and changed == {}
+    path.write_text('{"bake": {"driver": "vllm", "model": {"path": "/m"}, "serve_args": {"x": NaN}}}')
+    assert _eval(path, work)[0].returncode == ExitCode.CORRUPT
+    # a value of the wrong type is a malformed document, never a crash
+    for bad in ({"serve_env": {"A": 1}}, {"serve_env": ["A"]}, {"model": {"path": 7}},
+                {"env": {"root": ["x"]}}, {"env": {"root": "relative"}}, {"roles": ["triton", "x"]}):
+        r, argv, changed = _eval(_manifest_file(tmp_path, {"bake": _bake(**bad)}), work)
+        assert r.returncode == ExitCode.CORRUPT, (bad, r.stderr)
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and changed == {}
+
+
+def test_a_note_from_a_hostile_install_json_is_one_comment_line(triton_cache, tmp_path):
+    """install.json sits in a shared volume: a reason it records becomes a comment, folded."""
+    from installkit import cli
+
+    art = _artifact(triton_cache, tmp_path, _bake())
+    to = tmp_path / "installed"
+    cli("install", art, "--to", to, "--target", "sm_90", check=True)
+    marker = next((to / ".cachebake" / "versions").glob("*/install.json"))
+    doc = json.loads(marker.read_text())
+    why = "no vllm\nexport EVIL=1\ntouch CANARY\x1b[2J"
+    doc["left_out"] = {"vllm": why}
+    marker.write_text(json.dumps(doc))
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work, "--root", str(to))
+    assert r.returncode == 0, r.stderr
+    assert "EVIL" not in changed and not (work / "CANARY").exists() and argv[0] == "serve"
+    out = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args", str(art), "--root", str(to)],
+                         capture_output=True, text=True, env=_env(), cwd=work).stdout
+    comments = [ln for ln in out.splitlines() if ln.startswith("#")]
+    assert comments == [comment(f"the vllm role was left out at install ({why}): not exported")]
+    assert "VLLM_CACHE_ROOT" not in changed and changed["TRITON_CACHE_DIR"] == f"{to}/triton"
+    doc["left_out"] = {"../etc": "x"}  # not a role: a malformed document
+    marker.write_text(json.dumps(doc))
+    r, argv, changed = _eval(art, work, "--root", str(to))
+    assert r.returncode == ExitCode.CORRUPT and "left_out" in r.stderr and changed == {}
+
+
+def test_one_line_escapes_every_line_break_and_control_character():
+    text = "a\nb\rc\x85d\u2028e\u2029f\x1b[2J\x00\x7f\x9b"
+    out = one_line(text)
+    assert out == "a\\nb\\rc\\x85d\\u2028e\\u2029f\\x1b[2J\\x00\\x7f\\x9b"
+    assert len(out.splitlines()) == 1 and out.isprintable()
+
+
+def test_shell_refuses_a_key_added_after_the_manifest_was_read():
+    from cachebake.errors import CorruptArtifact
+
+    cmd = ServeCommand("/m", [], env={"OK": "1", "BAD;touch CANARY": "1"})
+    with pytest.raises(CorruptArtifact, match="BAD;touch CANARY"):
+        cmd.shell()
+
+
+def test_on_a_terminal_the_text_is_printable(triton_cache, tmp_path):
+    """Piped (eval), the bytes are exact; on a terminal, a quoted ESC is shown, not acted on."""
+    import io
+
+    from rich.console import Console
+
+    from cachebake.cli.render import render_serve_command
+
+    cmd = ServeCommand("/m", [], env={"A": "x\x1b[2Jy\rz"})
+    piped, tty = io.StringIO(), io.StringIO()
+    render_serve_command(cmd, Console(file=piped, force_terminal=False))
+    render_serve_command(cmd, Console(file=tty, force_terminal=True))
+    assert piped.getvalue() == cmd.shell() + "\n" and "\x1b[2J" in piped.getvalue() and "\r" in piped.getvalue()
+    assert "\x1b" not in tty.getvalue() and "\r" not in tty.getvalue() and "export A=" in tty.getvalue()
