@@ -180,13 +180,7 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
     base = root or c.opt_str(env_rec.get("root"), "bake.env.root")
     if base is not None and not base.startswith("/"):
         c.fail("bake.env.root", "must be an absolute path")
-    from cachebake.drivers.vllm_engine import SERVE_ENV_VARS
-
-    # Only the variables the driver records there (the roles, SERVE_ENV_VARS): a manifest is
-    # an artifact's word, and must not hand the server LD_PRELOAD or PYTHONPATH.
-    allowed = {*roles_mod.ROLE_ENV.values(), *SERVE_ENV_VARS}
-    baked_env = {k: v for k, v in check_env(bake.get("serve_env") or {}, document,
-                                            "bake.serve_env").items() if k in allowed}
+    baked_env = check_env(bake.get("serve_env") or {}, document, "bake.serve_env")
     if base is not None:
         roles = list(roles or roles_mod.ROLE_ENV)
         left_out = _left_out(root) if root else {}
