@@ -21,7 +21,14 @@ ARG ROOT=/var/cache/cachebake
 # ---- the serving image plus cachebake (pure Python: click, zstandard, rich) ----------------
 FROM ${BASE} AS serving-cachebake
 ARG CACHEBAKE_PIP=cachebake
+ARG ROOT
 RUN python3 -m pip install --no-cache-dir ${CACHEBAKE_PIP}
+# vLLM 0.24 hashes these two into its torch.compile cache key and derives them from HOME/XDG
+# (vllm/envs.py): set here, in the stage the bake and the server both start from, they are the
+# same whatever uid and HOME the server runs with (vLLM 0.33 no longer hashes them).  The serve
+# stage's last step checks every compile factor against what the bake recorded.
+ENV VLLM_CONFIG_ROOT=${ROOT}/vllm-config \
+    VLLM_XLA_CACHE_PATH=${ROOT}/vllm-xla-cache
 
 # ---- bake: warm up on the GPU until a round compiles nothing, pack, install the result ------
 FROM serving-cachebake AS bake
@@ -58,3 +65,7 @@ ENV TRITON_CACHE_DIR=${ROOT}/triton \
     FLASHINFER_WORKSPACE_BASE=${ROOT}/flashinfer \
     TORCHINDUCTOR_CACHE_DIR=${ROOT}/inductor \
     TRITON_CACHE_AUTOTUNING=1
+# With a vllm role: fail the build (exit 4, naming the factor) when vLLM would not compute the
+# bake's torch.compile hashes in this environment (`vllm serve` with the bake's model path and
+# flags, `cachebake serve-args` prints them); no GPU needed.
+RUN if [ -d "${ROOT}/vllm/torch_compile_cache" ]; then cachebake verify --check-only --cache "${ROOT}"; fi

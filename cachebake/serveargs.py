@@ -15,6 +15,8 @@ from here.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -159,3 +161,116 @@ def resolve(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | s
     elif model_dir is None:
         model_dir = default_model_dir(recipe)
     return recipe, args, str(model_dir)
+
+
+# ---- the model reference and the torch.compile identity a server must match -----------------
+#
+# vLLM names its torch.compile cache by hashes of the environment (``envs.compile_factors()``),
+# the engine configuration (``VllmConfig.compute_hash()``, which holds the model string), the
+# traced source files and the compiler (vllm/compilation/backends.py ``VllmBackend.__call__``;
+# the AOT artifact by the first two and the model's forward: compilation/decorators.py).  The
+# vllm driver records all of it as vLLM computed it in the round (``IDENTITY_KEY`` of the bake
+# section, cachebake.drivers.vllm_identity); what follows turns that record into what a server
+# must be given, without vLLM, so install, serve-args, k8s and the installer image can use it.
+
+IDENTITY_KEY = "compile_identity"
+
+# A Hugging Face repo id as huggingface_hub's ``validate_repo_id`` accepts it ("org/name"), and
+# nothing else: one slash, no "--" or "..", at most 96 characters.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,127}\Z")
+_VLLM_ENV_NAME = re.compile(r"VLLM_[A-Z0-9_]{1,123}\Z")
+MAX_PATH_CHARS = 4096
+MAX_PATH_FACTORS = 64
+
+
+def hub_repo_id(text: str) -> str | None:
+    """``text`` if it is a Hugging Face repo id ("org/name"), else None."""
+    if (isinstance(text, str) and len(text) <= 96 and _HUB_ID.match(text) and "--" not in text
+            and ".." not in text and not text.endswith(".git")):
+        return text
+    return None
+
+
+def model_reference(text: str) -> tuple[str, str]:
+    """What ``--model-dir`` names: ("path", absolute path) or ("hub", "org/name").
+
+    The string is what the server passes to ``vllm serve`` and it enters vLLM's config hash
+    (``ModelConfig.model``), so an absolute path is kept exactly as given.  A relative path is
+    made absolute; one that is also a repo id ("models/x") is refused when it exists here,
+    because vLLM itself would take it as a local directory (repo_utils: ``Path(model).exists()``
+    comes first) while another working directory would take it as a repo id."""
+    if not isinstance(text, str) or not text or "\0" in text or any(ord(c) < 32 for c in text):
+        raise BadInput(f"--model-dir {text!r}: not a path or a Hugging Face repo id")
+    if os.path.isabs(text):
+        return "path", text
+    repo = hub_repo_id(text)
+    if repo is not None:
+        if os.path.exists(text):
+            raise BadInput(f"--model-dir {text}: both a directory here and a Hugging Face repo id; "
+                           f"give {os.path.abspath(text)} for the directory (vLLM takes a "
+                           "relative path that exists as a local directory)")
+        return "hub", repo
+    return "path", os.path.abspath(text)
+
+
+def _identity_path(identity: dict, field_name: str, value: Any) -> str:
+    from cachebake.errors import InvalidDocument
+
+    if (not isinstance(value, str) or not os.path.isabs(value) or len(value) > MAX_PATH_CHARS
+            or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+        raise InvalidDocument("bake manifest", f"bake.{IDENTITY_KEY}.{field_name}",
+                              "is not an absolute path")
+    return value
+
+
+def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
+    """The variables a server must get so that vLLM computes the bake's torch.compile hashes
+    whatever its HOME, XDG dirs and uid: {} for a bake without a recorded identity.
+
+    - ``path_factors``: the compile factors whose values the bake's round found to follow
+      HOME/XDG (vLLM's own getters, re-run with other HOME/XDG values:
+      cachebake.drivers.vllm_identity), e.g. vLLM 0.24's VLLM_CONFIG_ROOT and
+      VLLM_XLA_CACHE_PATH, exported with the values the bake hashed; vLLM 0.33 stopped hashing
+      them, and its bakes record none;
+    - ``model.hf_hub_cache``: a hub id that vLLM resolved, offline, to a snapshot under this
+      Hugging Face cache (EngineArgs.__post_init__ puts the snapshot path in ModelConfig.model):
+      HF_HUB_CACHE and HF_HUB_OFFLINE=1, or the server hashes another model string.
+
+    The record comes from an artifact, so only what it may hold is taken: VLLM_ names that
+    are among its own compile factors with the same value, and absolute paths; anything else is
+    refused (CorruptArtifact), never exported."""
+    from cachebake.errors import InvalidDocument
+
+    identity = bake.get(IDENTITY_KEY)
+    if identity is None:
+        return {}
+    where = f"bake.{IDENTITY_KEY}"
+    if not isinstance(identity, dict):
+        raise InvalidDocument("bake manifest", where, "is not an object")
+    factors = identity.get("env_factors")
+    path_factors = identity.get("path_factors")
+    factors = {} if factors is None else factors
+    path_factors = {} if path_factors is None else path_factors
+    if not isinstance(factors, dict) or not isinstance(path_factors, dict):
+        raise InvalidDocument("bake manifest", where, "env_factors/path_factors are not objects")
+    if len(path_factors) > MAX_PATH_FACTORS:
+        raise InvalidDocument("bake manifest", f"{where}.path_factors",
+                              f"has {len(path_factors)} entries (at most {MAX_PATH_FACTORS})")
+    env: dict[str, str] = {}
+    for name, value in sorted(path_factors.items()):
+        if not _VLLM_ENV_NAME.match(name):
+            raise InvalidDocument("bake manifest", f"{where}.path_factors",
+                                  f"names {name[:80]!r}, which is no vLLM variable")
+        if factors.get(name) != value:
+            raise InvalidDocument("bake manifest", f"{where}.path_factors.{name}",
+                                  "differs from the value the bake hashed (env_factors)")
+        env[name] = _identity_path(identity, f"path_factors.{name}", value)
+    model = identity.get("model")
+    model = {} if model is None else model
+    if not isinstance(model, dict):
+        raise InvalidDocument("bake manifest", f"{where}.model", "is not an object")
+    if model.get("hf_hub_cache") is not None:
+        env["HF_HUB_CACHE"] = _identity_path(identity, "model.hf_hub_cache", model["hf_hub_cache"])
+        env["HF_HUB_OFFLINE"] = "1"
+    return env

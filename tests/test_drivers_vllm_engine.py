@@ -183,12 +183,14 @@ def test_parse_serve_args_both_spellings():
 def test_model_dir_gets_the_recipe_config(tmp_path):
     r = load_recipe("nemotron-h")
     d = write_model_dir(r, tmp_path / "nemotron")
-    assert json.loads((d / "config.json").read_text()) == r.hf_config
+    assert d == str(tmp_path / "nemotron")  # the reference, exactly: it enters vLLM's hash
+    assert json.loads((tmp_path / "nemotron" / "config.json").read_text()) == r.hf_config
     write_model_dir(r, d)  # same config again: fine
     with pytest.raises(BadInput, match="different config"):
         write_model_dir(load_recipe("mamba2"), d)
     with pytest.raises(BadInput, match="absolute"):
-        write_model_dir(r, "relative/dir")
+        write_model_dir(r, "relative/dir/x")
+    assert write_model_dir(r, str(tmp_path / "slash") + "/") == str(tmp_path / "slash") + "/"
 
 
 def test_bake_environment_is_offline():
@@ -296,14 +298,14 @@ def test_prepare_merges_recipe_serve_args_tp_and_model_dir(tmp_path):
                                  model_dir=str(tmp_path / "m47"))
     assert args["tensor_parallel_size"] == 8 and args["max_num_seqs"] == 64
     assert args["enable_prefix_caching"] is True and args["mamba_ssm_cache_dtype"] == "float32"
-    assert json.loads((mdir / "config.json").read_text()) == recipe.hf_config
+    assert json.loads((tmp_path / "m47" / "config.json").read_text()) == recipe.hf_config
     _, args, _ = prepare("nemotron-h:47b", serve_args={"max_num_seqs": 8}, model_dir=str(tmp_path / "m2"))
     assert args["tensor_parallel_size"] == 4  # the recipe's, when tp is not given
     # a local model is baked in place: the path the server serves it from
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "config.json").write_text(json.dumps(load_recipe("mamba2").hf_config))
     _, args, mdir = prepare(str(tmp_path / "local" / "config.json"), serve_args={"max_num_seqs": 4})
-    assert mdir == (tmp_path / "local").resolve() and args == {"max_num_seqs": 4}
+    assert mdir == str((tmp_path / "local").resolve()) and args == {"max_num_seqs": 4}
     with pytest.raises(BadInput, match="enforce_eager"):
         prepare("nemotron-h", serve_args="--enforce-eager", model_dir=str(tmp_path / "m3"))
 

@@ -5,7 +5,13 @@ The round runs exactly as a server would: the installed cache's roles handed ove
 same variables install uses (``capture.env.bake_env`` -> ``roles.serving_env``), a fresh
 process, and the compile monitor on.  Any real compile, autotune benchmark or helper build
 means the bake missed something (another shape, another path, another env): verify lists each
-one and fails with ``CompilesSeen``.
+one and fails with ``CompilesSeen``.  With ``--driver vllm`` so does a round whose torch.compile
+did not load the baked artifact (the probe's record, cachebake.drivers.vllm_identity, or vLLM's
+own log lines): Dynamo and Inductor running again is a miss even when every Triton kernel hits.
+
+``check_only`` (``verify --check-only``) runs no round: it asks, in the serving environment and
+without a GPU, whether vLLM would compute the bake's torch.compile hashes for the server's
+model string and flags (cachebake.serve.compile_check).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from cachebake.bake.rounds import (Driver, RoundProgress, RoundReport, check_rou
                                    work_events)
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
+from cachebake.drivers.vllm_identity import outcome_from_log, outcome_problem
 from cachebake.errors import BadInput, CompilesSeen, Interrupted
 from cachebake.install.atomic import InstallDir
 from cachebake.roles import overlay_env
@@ -34,10 +41,15 @@ class VerifyReport:
     work: list[Event] = field(default_factory=list)  # every compile / autotune / helper build
     invalidating: dict[str, str] = field(default_factory=dict)  # set here; must match the bake
     left_out: dict[str, str] = field(default_factory=dict)  # roles install could not relocate here
+    torch_compile: dict | None = None  # vllm driver: what torch.compile did in the round
+
+    @property
+    def torch_compile_problem(self) -> str | None:
+        return outcome_problem(self.torch_compile)
 
     @property
     def ok(self) -> bool:
-        return self.round.exit_code == 0 and not self.work
+        return self.round.exit_code == 0 and not self.work and self.torch_compile_problem is None
 
     def warnings(self) -> list[str]:
         """Roles the install left out: the round ran without them, as the server will."""
@@ -46,12 +58,16 @@ class VerifyReport:
 
     def lines(self) -> list[str]:
         """One line per piece of work the server would have done."""
-        return [f"{e.kind:<12} {e.label()}  ({e.seconds:.2f} s, key {e.key or '-'}"
-                f"{', step ' + e.step if e.step else ''})" for e in self.work]
+        lines = [f"{e.kind:<12} {e.label()}  ({e.seconds:.2f} s, key {e.key or '-'}"
+                 f"{', step ' + e.step if e.step else ''})" for e in self.work]
+        if self.torch_compile_problem:
+            lines.append(f"torch.compile: {self.torch_compile_problem}")
+        return lines
 
     def to_dict(self) -> dict:
         return {"cache": self.cache, "roles": self.roles,
                 "invalidating_env_vars": self.invalidating, "left_out": self.left_out,
+                "torch_compile": self.torch_compile,
                 **self.round.to_dict(),
                 "work": [{k: v for k, v in vars(e).items() if v not in (None, {}, [])}
                          for e in self.work]}
@@ -66,6 +82,9 @@ class VerifyReport:
                 f"({', '.join(s.kernels[:5]) or 'helpers'})"
                 + (f"; note: {', '.join(sorted(self.invalidating))} set here enter every key"
                    if self.invalidating else ""))
+        if self.torch_compile_problem:
+            raise CompilesSeen(f"the cache at {self.cache} did not give vLLM its torch.compile "
+                               f"artifact: {self.torch_compile_problem}")
 
 
 def installed_roles(cache: os.PathLike | str) -> list[str]:
@@ -115,7 +134,56 @@ def verify(driver: Driver, cache: os.PathLike | str, *, work_dir: os.PathLike | 
         marker = InstallDir(cache).installed() or {}
         return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
                             invalidating=benv.invalidating,
-                            left_out=dict(marker.get("left_out") or {}))
+                            left_out=dict(marker.get("left_out") or {}),
+                            torch_compile=_torch_compile(driver, work, rnd))
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _torch_compile(driver: Driver, work: Path, rnd: RoundReport) -> dict | None:
+    """The vllm driver's round: what torch.compile did, from its record (the probe), else from
+    vLLM's own log lines in the round's output; None for the other drivers."""
+    if getattr(driver, "name", None) != "vllm":
+        return None
+    outcome = (driver.recorded(work) or {}).get("torch_compile")
+    if outcome:
+        return outcome
+    try:
+        with open(rnd.log, errors="replace") as f:
+            return outcome_from_log(f.read(64 << 20))
+    except OSError:
+        return None
+
+
+def check_only(cache: os.PathLike | str, *, artifact: str | None = None, target: str | None = None,
+               model_ref: str | None = None, server_argv: list[str] | None = None):
+    """``verify --check-only``: would the server's vLLM load the bake's torch.compile artifact
+    from ``cache`` (the installed root as the server sees it), with ``model_ref`` and
+    ``server_argv`` (its ``vllm serve`` arguments; default: the bake's)?  The bake's identity
+    comes from ``artifact``'s manifest, else from what vLLM wrote into the installed tree.
+    Returns the report (``.check()`` raises PreflightMismatch)."""
+    from cachebake.roles import role_dir
+    from cachebake.serve import compile_check
+
+    cache = os.path.abspath(os.fspath(cache))
+    vllm_root = role_dir(cache, "vllm")
+    if not os.path.isdir(vllm_root):
+        raise BadInput(f"{cache}: no vllm role here (the bake has none, or install left it out): "
+                       "nothing for torch.compile to load")
+    baked_args = config_sha = None
+    if artifact is not None:
+        from cachebake.serve.command import read_manifest
+
+        bake = read_manifest(artifact, target).get("bake") or {}
+        identity = compile_check.identity_from_bake(bake)
+        baked_args = bake.get("serve_args") if isinstance(bake.get("serve_args"), dict) else None
+        model = bake.get("model") if isinstance(bake.get("model"), dict) else {}
+        config_sha = model.get("config_sha256") if isinstance(model.get("config_sha256"), str) else None
+        source = f"the bake record in {artifact}"
+    else:
+        identity = compile_check.identity_from_tree(vllm_root)
+        source = f"vLLM's own files in {vllm_root}"
+    return compile_check.check_serving(identity, source=source, model=model_ref,
+                                       server_argv=server_argv, baked_serve_args=baked_args,
+                                       cache_root=vllm_root, baked_config_sha256=config_sha)

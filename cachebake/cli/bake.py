@@ -21,8 +21,10 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 @click.option("--tp", type=POSITIVE_INT, default=None, help="Tensor-parallel size (default: the recipe's).")
 @click.option("--serve-args", "serve_args", type=SERVE_ARGS, default=None,
               help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
-@click.option("--model-dir", "model_dir", type=click.Path(), default=None,
-              help="vllm driver: where the model config goes; use the path the server will use.")
+@click.option("--model-dir", "model_dir", default=None,
+              help="vllm driver: the model reference the server passes to `vllm serve`: the "
+                   "directory it serves from, or a hub id (org/name: the config goes into the "
+                   "Hugging Face cache layout under HF_HOME).")
 @click.option("--out", type=click.Path(), default=None,
               help="Artifact directory to write (default: ./cachebake-MODEL).")
 @click.option("--root", default=None, type=click.Path(),
@@ -126,10 +128,42 @@ def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
 @click.option("--model-dir", "model_dir", type=click.Path(), default=None, help="As for build.")
 @click.option("--work-dir", type=click.Path(file_okay=False),
               help="Keep the round log and events here (default: a temp dir, removed at the end).")
+@click.option("--check-only", is_flag=True,
+              help="Run no round: in the serving environment (no GPU needed), check that vLLM "
+                   "would compute the bake's torch.compile hashes for the server's model and "
+                   "flags (after --); exit 4 naming each factor that differs.")
+@click.option("--artifact", help="--check-only: the bake's artifact (or manifest JSON), for its "
+              "full record; default: what vLLM wrote into the installed tree.")
+@click.option("--target", type=GPU_TARGET, help="--check-only --artifact: the GPU target's bake.")
+@click.option("--model-ref", "model_ref", help="--check-only: the model string the server passes "
+              "to `vllm serve` (default: the bake's).")
 @JSON_OPTION
-@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, cmd):
-    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD... | -- SERVE ARGS...]")
+def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only, artifact, target,
+           model_ref, as_json, cmd):
+    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark (with
+    --driver vllm: also when torch.compile did not load the baked artifact).  --check-only: no
+    round; exit 4 when the server's vLLM would not use the baked torch.compile cache."""
+    if check_only:
+        from cachebake.bake.verify import check_only as run_check
+        from cachebake.cli.render import render_compile_check
+        from cachebake.errors import BadInput
+
+        given = [n for n, v in (("--model", model), ("--driver", driver), ("--tp", tp),
+                                ("--serve-args", serve_args), ("--model-dir", model_dir),
+                                ("--work-dir", work_dir)) if v]
+        if given:
+            raise BadInput(f"{', '.join(given)}: no round runs with --check-only (give the "
+                           "server's model with --model-ref and its flags after --)")
+        report = run_check(cache, artifact=artifact, target=target, model_ref=model_ref,
+                           server_argv=list(cmd) if cmd else None)
+        output(as_json).emit(report, render=render_compile_check)
+        report.check()
+        return
+    if artifact or target or model_ref:
+        from cachebake.errors import BadInput
+
+        raise BadInput("--artifact, --target and --model-ref are for --check-only")
     from cachebake.bake.verify import verify as run_verify
     from cachebake.cli.progress import RoundProgress
     from cachebake.cli.render import render_verify

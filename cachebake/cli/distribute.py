@@ -71,11 +71,16 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
 @click.option("--size-from", type=click.Path(exists=True, file_okay=False),
               help="init: a local copy of the bake REF names (the artifact pushed): /tmp's sizeLimit "
                    "is its declared blob sizes plus 64 MiB.")
+@click.option("--bake", "bake_file", type=click.Path(exists=True),
+              help="The same bake as a local artifact or manifest JSON (default: --size-from): the "
+                   "server gets the variables vLLM's torch.compile hashes need from it (e.g. vLLM "
+                   "0.24's VLLM_CONFIG_ROOT).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
-        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, tmp_size, size_from, fmt, as_json, cmd):
+        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, tmp_size, size_from, bake_file,
+        fmt, as_json, cmd):
     """Kubernetes manifests that give a vLLM server its bake: an init container filling an
     emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
     from cachebake.distribute.k8s import (ManifestReport, PodPlan, declared_bytes, manifest, render,
@@ -93,6 +98,14 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
                    name=name, root=str(root or DEFAULT_ROOT), command=server_command(model, cmd),
                    gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify,
                    vllm_role=vllm_role, tmp_size=tmp_size, declared_bytes=declared)
+    from cachebake.serveargs import identity_serve_env
+
+    # --artifact is a reference or a path in the installer image: nothing to read here
+    source = bake_file or size_from
+    if source is not None:
+        from cachebake.serve.command import read_manifest
+
+        plan.compile_env = identity_serve_env(read_manifest(source, target).get("bake") or {})
     doc, notes = manifest(plan)
     output(as_json).emit(ManifestReport(render(doc, notes, fmt), doc, notes))
     for note in notes:

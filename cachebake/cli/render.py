@@ -187,6 +187,13 @@ def render_verify(report, console: Console) -> None:
         console.print(f"verified {escape(report.cache)}: 0 compiles, {s.cache_hits} cache hits")
 
 
+def render_compile_check(report, console: Console) -> None:
+    """``verify --check-only``: one line when it would hit; a mismatch is the error's to say
+    (its line and one detail line per differing factor, on stderr, exit 4)."""
+    if report.ok:
+        console.print(printable(report.summary()), markup=False)
+
+
 # ---------------------------------------------------------------------------- install
 
 def render_install(report, console: Console) -> None:

@@ -17,8 +17,11 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET
               help="Where the artifact is installed (install --to DIR); default: the bake root.")
 @click.option("--overlay", type=ABSOLUTE_PATH, default=None,
               help="Writable dir for kernels the bake lacks (as for install --overlay).")
+@click.option("--env-file", "env_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the environment as `export` lines to this file, for the server's "
+                   "shell to source (`. FILE`) before `vllm serve`.")
 @JSON_OPTION
-def serve_args_cmd(artifact, target, root, overlay, as_json):
+def serve_args_cmd(artifact, target, root, overlay, env_file, as_json):
     """Print the `vllm serve` command and environment that match ARTIFACT's bake."""
     from cachebake.cli.render import render_serve_command
     from cachebake.serve.command import read_manifest, serve_command
@@ -31,4 +34,32 @@ def serve_args_cmd(artifact, target, root, overlay, as_json):
         baked = cmd.env.get("TRITON_CACHE_DIR")  # <root>/triton
         cmd.env.update(serving_overlay_env(overlay, os.path.dirname(baked) if baked else None,
                                            manifest.get("roles") or ["triton"]))
+    if env_file is not None:
+        write_env_file(env_file, cmd.env)
     output(as_json).emit(cmd, render=render_serve_command)
+
+
+def write_env_file(path: str, env: dict[str, str]) -> None:
+    """``export NAME=value`` lines, values shell-quoted; names checked (they come from a
+    manifest): a name that is no shell variable name is refused, nothing written.  Written
+    beside itself and renamed into place, so a server never sources half a file."""
+    import shlex
+
+    from cachebake.errors import BadInput, from_os_error
+    from cachebake.serve.command import ENV_NAME
+
+    bad = [k for k in env if not ENV_NAME.fullmatch(k)]
+    if bad:
+        raise BadInput(f"the bake's environment has names that are no variable names: {bad[:3]}")
+    text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise from_os_error(e, path, "cannot write the env file") from None

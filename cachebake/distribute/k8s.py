@@ -118,6 +118,8 @@ class PodPlan:
     vllm_role: bool = True  # image-volume: the bake has a vllm role (not visible from a reference)
     tmp_size: str | None = None  # init: /tmp's sizeLimit (a quantity); None: derived or the default
     declared_bytes: int | None = None  # init: what the bake's blobs declare, when known here
+    # what vLLM's torch.compile hashes need (serveargs.identity_serve_env of the bake's record)
+    compile_env: dict[str, str] = field(default_factory=dict)
 
 
 def server_command(model: str | None, cmd: tuple[str, ...] | list[str]) -> list[str]:
@@ -289,7 +291,7 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     server: dict = {"name": plan.name, "image": plan.serving_image}
     if plan.command:
         server["command"] = plan.command
-    server["env"] = _env(_server_env(plan.root))
+    server["env"] = _env({**_server_env(plan.root), **plan.compile_env})
     server["volumeMounts"] = []
     if plan.gpus:
         server["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus}}

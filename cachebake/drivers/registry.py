@@ -215,7 +215,9 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     if model_dir is not None:
         if driver != "vllm":
             raise BadInput("--model-dir is for --driver vllm")
-        kwargs["model_dir"] = os.path.abspath(model_dir)
+        from cachebake.serveargs import model_reference
+
+        kwargs["model_dir"] = model_reference(model_dir)[1]  # a path made absolute, or a hub id
     if plan is not None:  # an engine plan file (`cachebake plan --json`): kernels driver only
         if driver != "kernels":
             raise BadInput("an engine plan file is for --driver kernels")

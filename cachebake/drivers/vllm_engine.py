@@ -4,8 +4,12 @@ A bake must compile exactly what the serving vLLM compiles.  So the driver start
 ``LLM`` engine with the serve args unchanged, in the pinned bake environment (the Triton/vLLM/
 FlashInfer cache roots the server will use), with ``load_format="dummy"`` (weights never enter a
 kernel key), ``skip_tokenizer_init=True`` (prompts are token ids) and ``HF_HUB_OFFLINE=1`` (no
-download).  The recipe's ``config.json`` is written into the model directory the *server* will
-use: the model path string enters torch.compile's cache key, so it is recorded in the manifest.
+download).  The recipe's ``config.json`` is put where the *server's* model reference finds it:
+in the directory the server uses, or, for a hub id the server serves (``vllm serve org/name``),
+in the Hugging Face cache layout (``write_model_dir``).  The reference enters torch.compile's
+cache key, so the round records it with the rest of vLLM's compile identity
+(cachebake.drivers.vllm_identity: every factor of the hashes vLLM computed, and whether
+torch.compile loaded the AOT artifact or compiled) for serve-args and verify.
 
 vLLM's startup runs its own warmups (profile run, JIT warmup registry, CUDA graph capture); then
 the plan from ``vllm_plan.plan_requests`` drives what only traffic reaches.  Each round is one
@@ -51,6 +55,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,14 +63,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachebake.capture.env import MONITOR_LOG_ENV
+from cachebake.capture.env import MONITOR_LOG_ENV, ROUND_ENV
+from cachebake.drivers import vllm_identity
 from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
                                          limits_from_vllm_config, plan_digest, plan_requests,
                                          plan_summary)
 from cachebake.errors import BadInput, CommandFailed
 from cachebake.recipes import Recipe
 from cachebake.roles import ROLE_ENV
-from cachebake.serveargs import BAKE_ONLY, resolve, serve_args_to_flags, validate_serve_args
+from cachebake.serveargs import (BAKE_ONLY, IDENTITY_KEY, model_reference, resolve,
+                                 serve_args_to_flags, validate_serve_args)
 
 # What every vLLM bake process runs with besides the pinned cache roots: no network, no telemetry.
 OFFLINE_ENV = {
@@ -86,15 +93,33 @@ def config_bytes(hf_config: dict[str, Any]) -> bytes:
     return (json.dumps(hf_config, indent=2, sort_keys=True) + "\n").encode()
 
 
-def write_model_dir(recipe: Recipe, model_dir: os.PathLike | str) -> Path:
-    """Put the recipe's config.json at ``model_dir`` (absolute; the path the server will use).
+def write_model_dir(recipe: Recipe, model_dir: os.PathLike | str, *,
+                    revision: str | None = None, hub_cache: str | None = None) -> str:
+    """Put the recipe's config.json where vLLM finds it for ``model_dir``, the reference the
+    server will pass to ``vllm serve``; return that reference unchanged.
+
+    - an absolute path: ``model_dir/config.json``;
+    - a hub id ("org/name"): the Hugging Face cache layout vLLM reads offline
+      (repo_utils ``get_model_path`` -> huggingface_hub ``snapshot_download(local_files_only)``):
+      ``HF_HUB_CACHE/models--org--name/refs/<revision>`` naming a snapshot,
+      ``snapshots/<commit>/config.json``.  ``revision``: a commit (40 hex) or a ref, default
+      "main"; a ref that does not exist yet points at a snapshot named by the config's sha1.
 
     An existing config.json is kept only if it describes the same model: a bake never
     overwrites a real model's config with different hyperparameters."""
-    d = Path(model_dir)
-    if not d.is_absolute():
-        raise BadInput(f"model dir {model_dir} must be absolute: the path enters torch.compile's "
-                       "cache key, so it must be the path the server uses")
+    text = os.fspath(model_dir)
+    if not os.path.isabs(text):
+        kind, ref = model_reference(text)
+        if kind != "hub":
+            raise BadInput(f"model dir {text} must be absolute: the path enters torch.compile's "
+                           "cache key, so it must be the path the server uses")
+        place_hub_config(recipe, ref, revision=revision, hub_cache=hub_cache)
+        return ref
+    _write_config(recipe, Path(text), "or use --model with that directory")
+    return text
+
+
+def _write_config(recipe: Recipe, d: Path, remedy: str) -> None:
     path = d / "config.json"
     data = config_bytes(recipe.hf_config)
     if path.exists():
@@ -104,13 +129,68 @@ def write_model_dir(recipe: Recipe, model_dir: os.PathLike | str) -> Path:
             raise BadInput(f"{path} exists and is not readable JSON: {e}") from e
         if existing != recipe.hf_config:
             raise BadInput(f"{path} already holds a different config; bake into an empty directory "
-                           "or use --model with that directory")
-        return d
+                           + remedy)
+        return
     d.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
+    _write_atomic(path, data)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    return d
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}\Z")
+_REF = re.compile(r"[A-Za-z0-9._-]{1,200}\Z")
+
+
+def hub_cache_dir() -> str:
+    """The Hugging Face hub cache this process reads: huggingface_hub's own constant where it
+    is importable (vLLM brings it), else its documented rule (HF_HUB_CACHE, HF_HOME/hub,
+    XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub)."""
+    try:
+        import huggingface_hub.constants as hc
+
+        return os.path.abspath(hc.HF_HUB_CACHE)
+    except ImportError:
+        env = os.environ
+        if env.get("HF_HUB_CACHE"):
+            return os.path.abspath(env["HF_HUB_CACHE"])
+        home = env.get("HF_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        return os.path.abspath(os.path.join(home, "hub"))
+
+
+def place_hub_config(recipe: Recipe, repo_id: str, *, revision: str | None = None,
+                     hub_cache: str | None = None) -> Path:
+    """The snapshot dir holding the recipe's config.json for ``repo_id`` in the hub cache
+    (see ``write_model_dir``); a snapshot that exists without config.json is refused (a real
+    download in progress is not ours to complete)."""
+    cache = Path(hub_cache or hub_cache_dir())
+    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
+    revision = revision or "main"
+    if not isinstance(revision, str) or not (_COMMIT.match(revision) or _REF.match(revision)) \
+            or revision in (".", ".."):
+        raise BadInput(f"revision {revision!r}: not a commit hash or a ref name")
+    if _COMMIT.match(revision):
+        commit = revision
+    else:
+        ref_file = repo_dir / "refs" / revision
+        try:
+            commit = ref_file.read_text().strip()
+        except FileNotFoundError:
+            commit = hashlib.sha1(config_bytes(recipe.hf_config)).hexdigest()
+            ref_file.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(ref_file, commit.encode())
+        if not _COMMIT.match(commit):
+            raise BadInput(f"{ref_file} does not name a snapshot (a 40-hex commit)")
+    snapshot = repo_dir / "snapshots" / commit
+    if snapshot.is_dir() and not (snapshot / "config.json").exists():
+        raise BadInput(f"{snapshot} exists without config.json (an unfinished download?): "
+                       "finish it, or bake with HF_HOME at an empty directory")
+    _write_config(recipe, snapshot, "or bake with HF_HOME at an empty directory")
+    return snapshot
 
 
 def engine_kwargs(model_dir: os.PathLike | str, serve_args: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +228,10 @@ class VllmRoundReport:
     model_runner: str | None = None  # "v1" | "v2": vLLM 0.24 defaults to V1, 0.33 to V2
     plan_digest: str | None = None
     returncode: int = 0
+    # vLLM's torch.compile identity as this round computed it (cachebake.drivers.vllm_identity)
+    compile_identity: dict[str, Any] | None = None
+    # what torch.compile did in this round: the AOT artifact loaded, or compiled again
+    torch_compile: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,7 +247,8 @@ def bake_record(recipe: Recipe, serve_args: dict[str, Any], model_dir: str,
                 serve_env: dict[str, str], report: VllmRoundReport | None = None) -> dict[str, Any]:
     """The manifest's ``bake`` section for a vLLM bake: what `serve-args` and `inspect` show."""
     model = recipe.identity()
-    model["path"] = model_dir
+    model["path"] = model_dir  # the reference the server passes: a path or a hub id
+    model["reference"] = model_reference(model_dir)[0]
     model["config_sha256"] = hashlib.sha256(config_bytes(recipe.hf_config)).hexdigest()
     rec: dict[str, Any] = {
         "driver": "vllm",
@@ -178,6 +263,10 @@ def bake_record(recipe: Recipe, serve_args: dict[str, Any], model_dir: str,
         rec["engine_limits"] = report.limits
         rec["plan"] = [asdict(b) for b in report.batches]
         rec["plan_digest"] = report.plan_digest
+        if report.compile_identity is not None:
+            rec[IDENTITY_KEY] = report.compile_identity
+        if report.torch_compile is not None:
+            rec["torch_compile"] = report.torch_compile
     return rec
 
 
@@ -186,13 +275,13 @@ def run_round(recipe: Recipe, serve_args: dict[str, Any], *, model_dir: os.PathL
               timeout: float | None = None) -> VllmRoundReport:
     """Run one bake round in a fresh process; raise CommandFailed with the log's tail if it fails."""
     validate_serve_args(serve_args)
-    mdir = write_model_dir(recipe, model_dir)
+    mdir = write_model_dir(recipe, model_dir, revision=serve_args.get("revision"))
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     spec_path, report_path, log_path = work / "spec.json", work / "report.json", work / "vllm.log"
     report_path.unlink(missing_ok=True)
     spec = {"engine_kwargs": engine_kwargs(mdir, serve_args), "hf_config": recipe.hf_config,
-            "serve_args": serve_args}
+            "serve_args": serve_args, "probe": str(work / "vllm-probe.jsonl")}
     spec_path.write_text(json.dumps(spec, indent=2))
     with open(log_path, "ab") as log:
         try:
@@ -274,18 +363,44 @@ def _step(label: str):
     return step(label)
 
 
+def probe_path() -> Path:
+    """Where this round's engine processes append their torch.compile records: beside the
+    compile monitor's log (one file per round), else in a temp dir."""
+    monitor_log = os.environ.get(MONITOR_LOG_ENV)
+    if monitor_log:
+        return Path(monitor_log).parent / f"vllm-probe-{os.environ.get(ROUND_ENV) or 0}.jsonl"
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="cachebake-vllm-probe-")) / "vllm-probe.jsonl"
+
+
 def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
-           serve_args: dict[str, Any]) -> VllmRoundReport:
+           serve_args: dict[str, Any], probe: os.PathLike | str | None = None) -> VllmRoundReport:
     """In this process (already in the bake env): build the engine, send the plan."""
     os.environ.update(OFFLINE_ENV)  # before vLLM / huggingface_hub read them at import
+    # The engine's processes inherit it: the cachebake vLLM plugin installs the probe there.
+    probe_file = Path(probe) if probe else probe_path()
+    probe_file.unlink(missing_ok=True)
+    os.environ[vllm_identity.PROBE_ENV] = str(probe_file)
+    start_env = dict(os.environ)  # before vLLM sets variables of its own
     t0 = time.monotonic()
     with _step("vllm-startup"):
         import vllm
         from vllm import LLM
 
+        vllm_identity.install_probe()  # this process too (an in-process engine compiles here)
         llm = LLM(**kwargs)
     startup = time.monotonic() - t0
     vllm_config = llm.llm_engine.vllm_config
+    events = vllm_identity.read_probe(probe_file)
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+
+        identity = vllm_identity.bake_identity(vllm_config, kwargs, events, EngineArgs(**kwargs),
+                                               start_env=start_env)
+    except Exception as e:  # noqa: BLE001 - the bake stands; the record says what is missing
+        identity = {"schema": vllm_identity.IDENTITY_SCHEMA, "error": repr(e)[:500]}
+        print(f"cachebake: vLLM's compile identity could not be recorded: {e!r}", flush=True)
     limits = limits_from_vllm_config(vllm_config, hf_config)
     vocab = int(hf_config.get("vocab_size") or 32000)
     plan = plan_requests(hf_config, serve_args, limits)
@@ -294,7 +409,10 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
                              startup_seconds=round(startup, 3), limits=limits.to_dict(),
                              vllm_version=getattr(vllm, "__version__", None),
                              model_runner=None if v2 is None else ("v2" if v2 else "v1"),
-                             plan_digest=plan_digest(plan, vocab))
+                             plan_digest=plan_digest(plan, vocab),
+                             compile_identity=identity,
+                             torch_compile=(vllm_identity.torch_compile_outcome(events)
+                                            if events else None))
     for batch in plan:
         with _step(f"plan:{batch.label}"):
             report.batches.append(_send(llm, batch, vocab))
@@ -304,10 +422,11 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
 
 
 def prepare(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
-            model_dir: str | None = None) -> tuple[Recipe, dict[str, Any], Path]:
-    """``vllm_args.resolve`` (recipe, serve args, model dir), with the config.json written."""
+            model_dir: str | None = None) -> tuple[Recipe, dict[str, Any], str]:
+    """``serveargs.resolve`` (recipe, serve args, model reference), with the config.json put
+    where vLLM finds it for that reference."""
     recipe, args, mdir = resolve(model, tp, serve_args=serve_args, model_dir=model_dir)
-    return recipe, args, write_model_dir(recipe, mdir)
+    return recipe, args, write_model_dir(recipe, mdir, revision=args.get("revision"))
 
 
 def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
@@ -337,15 +456,17 @@ def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
+    from cachebake import jsonio
+
     tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(jsonio.dumps(data, indent=2))  # strict: the record goes into the manifest
     os.replace(tmp, path)
 
 
 def child_main(spec_path: str, report_path: str) -> int:
     """``run_round``'s child: runs inside the bake environment, writes the report."""
     spec = json.loads(Path(spec_path).read_text())
-    result = warmup(spec["engine_kwargs"], spec["hf_config"], spec["serve_args"])
+    result = warmup(spec["engine_kwargs"], spec["hf_config"], spec["serve_args"], spec.get("probe"))
     _write_json(report_path, result.to_dict())
     return 0
 

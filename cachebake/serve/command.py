@@ -1,7 +1,9 @@
 """``serve-args``: from a bake's manifest, the ``vllm serve`` command and the environment that
 match the bake (``serve_command``): the bake's serve args (cachebake.serveargs) turned back
-into flags, each cache role where install put it (``roles.serving_env``), and the
-cache-invalidating variables the bake ran with.
+into flags, each cache role where install put it (``roles.serving_env``), the cache-invalidating
+variables the bake ran with, and the variables vLLM's torch.compile hashes need to come out as
+the bake's (``serveargs.identity_serve_env``: the HOME/XDG-derived compile factors, the Hugging
+Face cache of a hub id).
 
 The manifest is hostile input (an artifact from a registry, a JSON file from anywhere), and its
 text is meant for ``eval "$(cachebake serve-args ART)"``: so every environment key must be a
@@ -21,7 +23,8 @@ from typing import Any
 
 from cachebake import roles as roles_mod
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
-from cachebake.serveargs import BAKE_ONLY, serve_args_to_flags
+from cachebake.serveargs import (BAKE_ONLY, IDENTITY_KEY, identity_serve_env, model_reference,
+                                 serve_args_to_flags)
 
 # POSIX's portable environment variable names (and what every shell's `export` takes)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -194,4 +197,43 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
     env.update(check_env(env_rec.get("invalidating_env_vars") or {}, document,
                          "bake.env.invalidating_env_vars"))
     env.update(check_env(bake.get("invalidating_env_vars") or {}, document, "bake.invalidating_env_vars"))
+    # vLLM's torch.compile hashes: the factors that follow HOME/XDG, exactly as the bake had them
+    env.update(identity_serve_env(bake))
+    notes += identity_notes(bake, path, env)
     return ServeCommand(model_path=path, flags=flags, env=env, notes=notes)
+
+
+def _shown(text: object, limit: int = 200) -> str:
+    """A value from a manifest, fit for one line of a note (``one_line``), and short."""
+    s = one_line(text)
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+def identity_notes(bake: dict[str, Any], model: str, env: dict[str, str]) -> list[str]:
+    """What the server must match that an environment variable cannot give it: the model
+    string (it enters vLLM's config hash), and the compile factors the bake's environment set,
+    which cachebake does not copy from an artifact into a server (a manifest is not trusted to
+    set vLLM's knobs): ``cachebake verify --check-only`` names any that differ."""
+    identity = bake.get(IDENTITY_KEY)
+    if not isinstance(identity, dict):
+        return []
+    notes = []
+    kind = model_reference(model)[0] if model else "path"
+    resolved = (identity.get("model") or {}).get("resolved") if isinstance(identity.get("model"), dict) else None
+    if kind == "hub":
+        notes.append(f"pass the model exactly as {_shown(model)}: the string enters vLLM's "
+                     "torch.compile config hash; offline, vLLM hashes its snapshot path "
+                     f"{_shown(resolved)}: the server's Hugging Face cache must be at HF_HUB_CACHE "
+                     "with that snapshot")
+    else:
+        notes.append(f"pass the model exactly as {_shown(model)}: the string enters vLLM's "
+                     "torch.compile config hash")
+    set_factors = identity.get("set_factors") if isinstance(identity.get("set_factors"), dict) else {}
+    missing = [f"{_shown(k, 80)}={_shown(v, 120)}" for k, v in sorted(set_factors.items())
+               if env.get(k) != v]
+    if missing:
+        notes.append("the bake ran with " + ", ".join(missing[:12])
+                     + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
+                     + " set: vLLM hashes them into its torch.compile cache key; set them the "
+                     "same (cachebake does not copy them from an artifact)")
+    return notes

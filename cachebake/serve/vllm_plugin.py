@@ -6,14 +6,18 @@ miss:
 - ``$CACHEBAKE_OVERLAY_DIR`` set (``install --overlay``, ``serve-args --overlay``): the
   layered cache (a read-only bake plus a writable overlay, every miss logged);
 - ``$CACHEBAKE_MONITOR_LOG`` set (build, verify): the compile monitor, which wraps whichever
-  cache manager is in use, so it goes second.
-It must be cheap and inert otherwise: with neither set it only reads two variables.
+  cache manager is in use, so it goes second;
+- ``$CACHEBAKE_VLLM_PROBE`` set (the vllm driver's rounds): the torch.compile probe, which
+  records the hashes vLLM computes and whether it loaded the AOT artifact
+  (cachebake.drivers.vllm_identity).
+It must be cheap and inert otherwise: with none set it only reads three variables.
 """
 
 import os
 import sys
 
 from cachebake.capture.env import MONITOR_LOG_ENV
+from cachebake.drivers.vllm_identity import PROBE_ENV  # light: it imports vLLM only when called
 from cachebake.roles import OVERLAY_ENV
 
 
@@ -29,3 +33,10 @@ def register() -> None:
         from cachebake.capture import monitor
 
         monitor.activate()
+    if os.environ.get(PROBE_ENV):
+        try:
+            from cachebake.drivers import vllm_identity
+
+            vllm_identity.install_probe()
+        except Exception as e:  # a plugin must never stop vLLM from starting
+            print(f"cachebake: the compile probe is off in pid {os.getpid()}: {e!r}", file=sys.stderr)
