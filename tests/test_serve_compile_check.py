@@ -358,3 +358,63 @@ def test_k8s_gives_the_server_the_bakes_torch_compile_variables(tmp_path):
     spec, _ = pod_spec(PodPlan(artifact="docker://r.example/b:sm_90", serving_image="v", target="sm_90",
                                install_in_serving_image=True))
     assert "VLLM_CONFIG_ROOT" not in {e["name"] for e in spec["containers"][0]["env"]}
+
+
+# ---- the real --driver vllm artifact of 2026-12-01 (tests/data) --------------------------
+
+REAL_ART = Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
+
+
+@pytest.fixture(scope="module")
+def real_bake(tmp_path_factory):
+    """The artifact README's first command made on the H200 (tests/data/README.md), unpacked:
+    its manifest, read by today's strict reader, and its bake section."""
+    import tarfile
+
+    d = tmp_path_factory.mktemp("real")
+    with tarfile.open(REAL_ART) as tar:
+        for m in tar.getmembers():  # Debian 12's tarfile has no filter=; the archive is ours
+            assert not m.name.startswith("/") and ".." not in m.name.split("/")
+        tar.extractall(d)
+    from cachebake.artifact.reader import open_source
+
+    art = d / "cachebake-nemotron-h"
+    return art, open_source(str(art)).select("cuda:90").manifest
+
+
+def test_the_real_bakes_identity_travels_as_recorded(real_bake):
+    art, manifest = real_bake
+    ci = manifest.bake.to_json()["compile_identity"] if hasattr(manifest.bake, "to_json") else manifest.bake["compile_identity"]
+    assert ci["path_factors"] == {"VLLM_CONFIG_ROOT": "/root/.config/vllm",
+                                  "VLLM_XLA_CACHE_PATH": "/root/.cache/vllm/xla_cache"}
+    bake = manifest.bake.to_json() if hasattr(manifest.bake, "to_json") else manifest.bake
+    env = identity_serve_env(bake)
+    assert env["VLLM_CONFIG_ROOT"] == "/root/.config/vllm"
+    assert env["VLLM_XLA_CACHE_PATH"] == "/root/.cache/vllm/xla_cache"
+    # what serve-args prints for an install at another path: the roles there, the factors as baked
+    r = cli("serve-args", art, "--root", "/srv/cb", "--json", check=True)
+    printed = json.loads(r.stdout)["env"]
+    assert printed["VLLM_CACHE_ROOT"] == "/srv/cb/vllm" and printed["TRITON_CACHE_DIR"] == "/srv/cb/triton"
+    assert printed["VLLM_CONFIG_ROOT"] == "/root/.config/vllm"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not os.access(VLLM_PYTHON or "/nonexistent", os.X_OK),
+                    reason="set CACHEBAKE_VLLM_PYTHON to an interpreter with vLLM")
+def test_the_checks_compiler_factors_are_the_engines(real_bake):
+    """Found on the H200: the engine takes vLLM's compiler hash inside torch's AOT compile,
+    whose functorch patch is part of the hashed config; a check outside it computed another
+    functorch digest and said every AOT bake would miss.  Under the same patch the check's
+    digest is the recorded one (same torch build: 2.11.0)."""
+    _, manifest = real_bake
+    bake = manifest.bake.to_json() if hasattr(manifest.bake, "to_json") else manifest.bake
+    recorded = bake["compile_identity"]["compiler_factors"]["functorch_config"]
+    code = ("import json, torch; from cachebake.drivers import vllm_identity as vi; "
+            "print(json.dumps([torch.__version__, vi.compiler_factors(aot_compile=True)['functorch_config'], "
+            "vi.compiler_factors()['functorch_config']]))")
+    r = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    version, under_aot, plain = json.loads(r.stdout.strip().splitlines()[-1])
+    if not version.startswith("2.11.0"):
+        pytest.skip(f"the bake's torch is 2.11.0, this one {version}")
+    assert under_aot == recorded and plain != recorded

@@ -204,13 +204,32 @@ def traced_records(paths: list[str] | set[str]) -> list[dict[str, Any]]:
     return out
 
 
-def compiler_factors() -> dict[str, Any]:
+# torch 2.11 runs a backend under AOT compile inside this functorch patch
+# (torch/_dynamo/aot_compile.py ``aot_compile_fullgraph``), and vLLM's compiler hash is taken
+# inside the backend, so functorch's portable config (a factor of that hash) is the patched
+# one there.  A process that only asks what the hash would be (``verify --check-only``) is
+# outside it: it computes the factor under the same patch.  Measured on the H200 bake of
+# 2026-12-01: with it the check's digest is the engine's (sha256:0a242af4...), without it not.
+AOT_COMPILE_FUNCTORCH_PATCH = {"strict_autograd_cache": True, "bypass_autograd_cache_key": True,
+                               "bundled_autograd_cache": True,
+                               "force_non_lazy_backward_lowering": True,
+                               "force_autograd_cache": True}
+
+
+def compiler_factors(aot_compile: bool = False) -> dict[str, Any]:
     """What vLLM's compiler hash is made of (compiler_interface.py ``get_inductor_factors``:
     Inductor's system info, the torch key, Inductor's and functorch's portable configs), the
-    configs as digests."""
+    configs as digests.  ``aot_compile``: as the engine's backend sees them under torch's AOT
+    compile (``AOT_COMPILE_FUNCTORCH_PATCH``); inside the engine itself, leave it False."""
     from vllm.compilation import compiler_interface as ci
 
-    factors = ci.get_inductor_factors()
+    if aot_compile:
+        import torch._functorch.config as functorch_config
+
+        with functorch_config.patch(AOT_COMPILE_FUNCTORCH_PATCH):
+            factors = ci.get_inductor_factors()
+    else:
+        factors = ci.get_inductor_factors()
     out: dict[str, Any] = {}
     if factors:
         out["system"] = factor_value(factors[0])

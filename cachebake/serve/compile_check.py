@@ -308,7 +308,9 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
         paths, out["changed_files"] = _traced_here(identity, out["roots"])
         out["code_hash"] = vi.code_hash(paths, read=_read_bounded)
     if identity.get("compiler_factors"):
-        out["compiler_factors"] = vi.compiler_factors()
+        # the bake's engine took its compiler hash under torch's AOT compile where it made
+        # (or loaded) an AOT artifact: compute the factors in the same context
+        out["compiler_factors"] = vi.compiler_factors(aot_compile=bool(identity.get("aot")))
     return out
 
 
