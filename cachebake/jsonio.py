@@ -128,8 +128,12 @@ def canonical_json(obj: Any) -> bytes:
     return dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def parse_json(data: bytes | str, document: str) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING."""
+def parse_json(data: bytes | str, document: str, *, allow_non_finite: bool = False) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING.
+
+    ``allow_non_finite``: NaN and Infinity read as floats, for the one kind of file that holds
+    them by design: Triton's own cache metadata (its autotuner writes a failed config's time
+    as Infinity), read when a cache is packed."""
     if isinstance(data, bytes):
         raw = data
         try:
@@ -141,7 +145,7 @@ def parse_json(data: bytes | str, document: str) -> Any:
     _check_nesting(raw, document)
     try:
         return json.loads(data, object_pairs_hook=_no_duplicates(document),
-                          parse_constant=_no_constant(document))
+                          parse_constant=float if allow_non_finite else _no_constant(document))
     except RecursionError:  # unreachable after _check_nesting; kept so no traceback escapes
         raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels") from None
     except ValueError as e:  # JSONDecodeError, and int() over Python's digit limit

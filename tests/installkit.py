@@ -83,7 +83,7 @@ def resolved_view(role_dir: Path) -> dict | None:
 
 def current_fingerprint_dict(target: str = "sm_90") -> dict:
     from cachebake.artifact.fingerprint import current_fingerprint
-    return current_fingerprint(target).to_dict()
+    return current_fingerprint(target).to_json()
 
 
 def pack(cache_root: Path, out: Path, roles=("triton",)) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -73,8 +74,8 @@ def test_same_tree_packs_to_identical_layer_from_anywhere(triton_cache, tmp_path
         (tmp_path / "b" / "blobs" / "sha256" / la.layer_digest.split(":")[1]).read_bytes()
     # Only the recorded bake path differs between the two manifests.
     fa, fb = a.manifest.fingerprint, b.manifest.fingerprint
-    assert fa["bake_paths"] != fb["bake_paths"]
-    assert {k: v for k, v in fa.items() if k != "bake_paths"} == {k: v for k, v in fb.items() if k != "bake_paths"}
+    assert fa.bake_paths != fb.bake_paths
+    assert dataclasses.replace(fa, bake_paths={}) == dataclasses.replace(fb, bake_paths={})
     # Packing the very same path twice gives the same image manifest digest too.
     c = _pack(triton_cache, tmp_path / "c")
     assert c.manifest_digest == a.manifest_digest
@@ -83,11 +84,11 @@ def test_same_tree_packs_to_identical_layer_from_anywhere(triton_cache, tmp_path
 def test_fingerprint_and_inventory(triton_cache, tmp_path):
     m = _pack(triton_cache, tmp_path / "art").manifest
     fp = m.fingerprint
-    assert fp["target"] == "cuda:90" and fp["triton_version"] == "3.6.0"
-    assert fp["triton_key"].startswith("3.6.0")
-    assert "release 12.8" in fp["ptxas"] and fp["ptxas"].endswith("-90")
-    assert fp["python_tag"].startswith(sys.implementation.cache_tag)
-    assert fp["bake_paths"] == {"triton": str(triton_cache.resolve())}
+    assert fp.target == "cuda:90" and fp.triton_version == "3.6.0"
+    assert fp.triton_key.startswith("3.6.0")
+    assert "release 12.8" in fp.ptxas and fp.ptxas.endswith("-90")
+    assert fp.python_tag.startswith(sys.implementation.cache_tag)
+    assert fp.bake_paths == {"triton": str(triton_cache.resolve())}
     names = sorted(k.name for k in m.inventory.kernels)
     assert names == sorted(s[0] for s in aot.SPECS)
     warps = sorted((k.name, k.num_warps) for k in m.inventory.kernels if k.name == "add_kernel")
@@ -102,7 +103,7 @@ def test_set_invalidating_env_var_is_recorded(triton_cache, tmp_path, monkeypatc
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     m = _pack(triton_cache, tmp_path / "art").manifest
     # recorded as Triton puts it into the key (it normalizes booleans)
-    assert m.fingerprint["env"] == {"TRITON_DEFAULT_FP_FUSION": "true"}
+    assert m.fingerprint.env == {"TRITON_DEFAULT_FP_FUSION": "true"}
 
 
 def test_cleaning_drops_leftovers_orphans_and_topology(triton_cache, tmp_path):
@@ -144,7 +145,7 @@ def test_second_target_adds_an_index_entry(triton_cache, tmp_path):
     assert report.targets == ["cuda:120", "cuda:90"]
     art = open_artifact(out)
     assert art.select("sm_90").manifest_digest == first
-    assert art.select("cuda:120").manifest.fingerprint["ptxas"].startswith("ptxas-blackwell")
+    assert art.select("cuda:120").manifest.fingerprint.ptxas.startswith("ptxas-blackwell")
     for ref in ("sm_90", "sm_120"):
         subprocess.run([tool("skopeo"), "inspect", f"oci:{out}:{ref}"], check=True, capture_output=True)
     # Re-packing a target replaces its entry rather than adding a third.
@@ -338,8 +339,8 @@ def test_a_bake_whose_events_hold_infinities_installs_and_inspects(triton_cache,
     art = tmp_path / "art"
     pack_artifact([parse_root(f"triton={triton_cache}")], art, target="sm_90", bake=bake)
     label = open_artifact(art).select().manifest
-    assert label.bake["events"][0]["constexprs"] == {"dt_max": "inf", "MASK_VALUE": "-inf"}
-    assert label.bake["seconds"] == "nan"
+    assert label.bake.events[0]["constexprs"] == {"dt_max": "inf", "MASK_VALUE": "-inf"}
+    assert label.bake.extra["seconds"] == "nan"
     for blob in (art / "blobs" / "sha256").iterdir():
         if blob.stat().st_size < 1 << 20 and blob.read_bytes()[:1] == b"{":
             parse_json(blob.read_bytes(), blob.name)  # every JSON blob, strictly

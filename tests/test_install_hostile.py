@@ -535,7 +535,7 @@ def test_11_a_damaged_tree_is_reported_then_repaired(site, damage):
     again = cli("install", site.good, "--to", site.to, "--fingerprint", site.fp_file)
     assert again.returncode == 0 and again.stdout.startswith("already installed"), again.stdout
     from cachebake.install.atomic import InstallDir
-    assert InstallDir(site.to).installed()["layer_digest"] == json.loads(r.stdout)["layer_digest"]
+    assert InstallDir(site.to).installed().layer_digest == json.loads(r.stdout)["layer_digest"]
 
 
 def test_11_check_only_writes_nothing_and_refuses_what_install_refuses(site):

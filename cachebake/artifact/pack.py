@@ -12,18 +12,19 @@ there (or from the visible GPU for a cache without kernels).
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachebake import jsonio
 from cachebake.artifact import oci
 from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
-from cachebake.artifact.manifest import BakeManifest, Inventory, LayerFacts, build_inventory
+from cachebake.artifact.manifest import BakeManifest, BakeRecord, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
 from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
@@ -104,32 +105,34 @@ def _pick_target(target: str | None, inventory: Inventory) -> str | None:
 
 
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
-                  bake: dict | None = None, layer_root: str | None = None,
-                  prune_ir: bool = False, record=None, fingerprint_from: dict | None = None,
+                  bake: Mapping | None = None, layer_root: str | None = None,
+                  prune_ir: bool = False, record=None, fingerprint_from: Mapping | None = None,
                   progress: Callable[[int, int], Callable[[int], None]] | None = None) -> PackReport:
     """Pack ``roots`` into ``out``.  ``progress(files, total_bytes)`` returns a per-file
     callback (bytes written); cachebake.cli.progress has one for terminals.
 
+    ``bake``: the bake section as its builder wrote it (build, replay, fold-back), typed here
+    (``BakeRecord.from_json``) before anything is written.
     ``record``: a cachebake.capture.record.CompileRecord to carry as its own blob.
     ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
     when this machine is not it (replay: torch/vllm versions, GPU name of the source bake; a
     fold-back of serve-time misses keeps its base bake's)."""
     out = check_out(out)
+    bake_record = BakeRecord.from_json(dict(bake or {}), "the bake section to pack", "")
     snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
     inventory = build_inventory(snap)
     # Fingerprint before writing: a target Triton cannot serve fails before any work.
     fp = current_fingerprint(_pick_target(target, inventory), bake_paths=snap.roots)
-    for key, value in (fingerprint_from or {}).items():
-        setattr(fp, key, value)
+    fp = dataclasses.replace(fp, **dict(fingerprint_from or {}))
     try:
-        return _write(out, snap, fp, inventory, bake, record, progress)
+        return _write(out, snap, fp, inventory, bake_record, record, progress)
     except KeyboardInterrupt:
         raise Interrupted(f"nothing written: {out} is as it was") from None
     except OSError as e:  # name the user's path, never our temp dir's
         raise from_os_error(e, out, "cannot write the artifact") from None
 
 
-def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
+def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
            progress) -> PackReport:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -161,12 +164,12 @@ def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
             digest, size = oci.write_blob(tmp, record.to_json())
             record_desc = oci.descriptor(record.media_type, digest, size)
         manifest = BakeManifest(
-            target=fp.target, fingerprint=fp.to_dict(), roles=snap.roles, layer_root=snap.layer_root,
+            target=fp.target, fingerprint=fp, roles=snap.roles, layer_root=snap.layer_root,
             layer=LayerFacts(media_type=LAYER_MEDIA_TYPE, diff_id=stats.diff_id, digest=stats.digest,
                              size=stats.size, tar_size=stats.tar_size,
                              uncompressed_size=stats.uncompressed_size, entries=stats.entries,
                              files=stats.files, compression=COMPRESSION),
-            inventory=inventory, bake=dict(bake or {}), record=record_desc)
+            inventory=inventory, bake=bake, record=record_desc)
         desc = oci.add_image(tmp, manifest)
         existing[fp.target] = desc
         summaries[fp.target] = _summary(manifest, desc["digest"])
@@ -185,7 +188,8 @@ def _summary(manifest: BakeManifest, manifest_digest: str) -> dict:
 
 
 def _copy_image(src: Path, dst: Path, desc: dict, ref) -> None:
-    manifest = json.loads(oci.blob_path(src, desc["digest"]).read_bytes())
+    # the image manifest, verified against its digest by ``old.select`` a moment ago
+    manifest = jsonio.parse_json(oci.blob_path(src, desc["digest"]).read_bytes(), "image manifest")
     extra = [ref.manifest.record] if ref.manifest.record else []  # the compile record's blob
     for d in (desc, manifest["config"], *manifest["layers"], *extra):
         target = oci.blob_path(dst, d["digest"])

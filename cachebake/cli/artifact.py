@@ -7,9 +7,7 @@ import os
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
-from cachebake.cli.output import envelope
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, ROLE_DIR
-from cachebake.errors import from_os_error
 
 
 @main.command()
@@ -53,7 +51,7 @@ def inspect(artifact, target, as_json):
 @main.command()
 @click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
 @click.option("--out", type=click.Path(dir_okay=False),
-              help="Also write the fingerprint document (as --json prints it) to this file.")
+              help="Also write the fingerprint (what `install --fingerprint` reads) to this file.")
 @click.option("--gpu-from-torch", is_flag=True,
               help="When nvidia-smi and NVML find no GPU, ask torch (through Triton's driver); "
                    "imports torch, seconds.")
@@ -68,28 +66,5 @@ def fingerprint(target, out, gpu_from_torch, as_json):
     report = FingerprintReport(current_fingerprint(target, allow_torch=gpu_from_torch))
     if out is not None:
         report.out = os.path.abspath(out)
-        _write_document(report.out, envelope("fingerprint", True, report.to_dict()))
+        report.fingerprint.write(report.out)
     output(as_json).emit(report, render=render_fingerprint)
-
-
-def _write_document(path: str, doc: dict) -> None:
-    """Write a JSON document whole or not at all, naming ``path`` (never a temp name) on error."""
-    import json
-    import tempfile
-
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    except OSError as e:
-        raise from_os_error(e, path, "cannot write") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)  # read by the serving image's user, whatever the umask
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise from_os_error(e, path, "cannot write") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise

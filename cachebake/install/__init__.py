@@ -35,6 +35,7 @@ from cachebake.artifact.reader import open_source
 from cachebake.errors import Interrupted
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
 from cachebake.install.fsops import rmtree_at
+from cachebake.install.inventory import InstallMarker
 from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.roles import serving_overlay_env as runtime_env
 
@@ -107,8 +108,7 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     bake = source.select(target or serving.target)
     manifest = bake.manifest
     roles = list(manifest.roles)
-    mismatches = preflight.check({"target": manifest.target, "fingerprint": manifest.fingerprint}, serving,
-                                 allow_mismatch,
+    mismatches = preflight.check(manifest.fingerprint, serving, allow_mismatch,
                                  checked_this_process=fingerprint_file is None)
 
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
@@ -124,15 +124,14 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     version_root = str(dest.state / "versions" / ("0" * 21))
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (version_root, serve_root))
 
-    def ours(marker: dict | None) -> bool:
-        installed_roles = list(marker["roles"]) + list(marker.get("left_out") or {}) if marker else []
-        return bool(marker) and marker["layer_digest"] == bake.layer_digest \
-            and marker["serve_at"] == serve_root and sorted(installed_roles) == sorted(roles)
+    def ours(marker: InstallMarker | None) -> bool:
+        return marker is not None and marker.layer_digest == bake.layer_digest \
+            and marker.serve_at == serve_root and sorted([*marker.roles, *marker.left_out]) == sorted(roles)
 
-    def done(version: str, marker: dict) -> InstallReport:
+    def done(version: str, marker: InstallMarker) -> InstallReport:
         report.status = "already installed"
         report.version_dir = str(dest.state / "versions" / version)
-        _left_out(report, dict(marker.get("left_out") or {}))
+        _left_out(report, dict(marker.left_out))
         report.seconds = round(time.monotonic() - started, 3)
         return report
 
@@ -172,13 +171,13 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
                 stats.dirs = [d for d in stats.dirs if d.split("/", 1)[0] != role]
                 stats.inventory = {n: r for n, r in stats.inventory.items() if n.split("/", 1)[0] != role}
             _fill(report, stats, vllm)
-            new_marker = {
-                "layer_digest": bake.layer_digest, "target": report.target, "roles": report.roles,
-                "serve_at": serve_root, "artifact": report.artifact,
-                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "groups_relocated": report.groups_relocated, "relocated": report.relocated,
-                "left_out": report.left_out, "dirs": stats.dirs, "files": stats.inventory}
-            version = dest.commit(staged, staged_fd, bake.layer_digest, new_marker, report.roles)
+            new_marker = InstallMarker(
+                layer_digest=bake.layer_digest, target=report.target, roles=tuple(report.roles),
+                serve_at=serve_root, artifact=report.artifact,
+                installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                groups_relocated=report.groups_relocated, relocated=report.relocated,
+                left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory)
+            version = dest.commit(staged, staged_fd, new_marker)
         except BaseException:
             # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install, and a
             # DIR this install created is removed again.

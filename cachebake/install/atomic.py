@@ -40,9 +40,9 @@ the lock file are still the ones at those names (a refused first install removes
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -58,7 +58,7 @@ from cachebake import jsonio
 from cachebake.errors import BadInput, Locked, from_os_error
 from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
                                      rmtree_at, sync_tree)
-from cachebake.install.inventory import MARKER, check_marker, check_tree
+from cachebake.install.inventory import MARKER, InstallMarker, check_tree
 from cachebake.roles import ROLE_ENV
 
 STATE = ".cachebake"
@@ -242,18 +242,27 @@ class InstallDir:
                     os.close(fd)
             self.root_fd = self.state_fd = None
 
-    def installed(self) -> dict | None:
-        """The marker (install.json) of the installed bake, or None; for readers outside an
-        install (verify, serving).  Read-only, through the same link-refusing fds."""
+    def installed(self) -> InstallMarker | None:
+        """The marker (install.json) of the installed bake, or None where there is none; for
+        readers outside an install (verify, serve-args).  Read-only, through the same
+        link-refusing fds.  A marker that is there but malformed is InvalidDocument (exit 5):
+        a reader must not take a damaged install for no install (serve-args would export a
+        role install left out)."""
         try:
             with self.opened(create=False):
-                return self.inspect()[0]
+                version, vfd, _ = self._current()
+                if vfd is None:
+                    return None
+                try:
+                    return _read_marker(vfd, f"{self.state / 'versions' / version / MARKER}")
+                finally:
+                    os.close(vfd)
         except (BadInput, OSError):
             return None
 
-    def inspect(self) -> tuple[dict | None, str | None, list[str]]:
-        """(marker, version, problems) of the installed bake; (None, None, []) if none.
-        ``problems`` lists what differs from the marker's inventory (a damaged tree).  Needs
+    def _current(self) -> tuple[str | None, int | None, list[str]]:
+        """(version, an fd of its directory, problems) of what ``current`` names; the fd is None
+        where there is no install or it is damaged (``problems`` says how).  Needs
         ``opened()`` or ``locked()``."""
         if self.state_fd is None:
             return None, None, []
@@ -265,24 +274,31 @@ class InstallDir:
             return None, None, [f"{STATE}/current points at {target!r}"]
         versions_fd = self._sub("versions")
         if versions_fd is None:
-            return None, version, [f"{STATE}/versions is missing"]
+            return version, None, [f"{STATE}/versions is missing"]
         try:
             vfd = self._open_dir(versions_fd, version, self.state / "versions" / version)
         finally:
             os.close(versions_fd)
         if vfd is None:
-            return None, version, [f"{STATE}/versions/{version} is missing"]
+            return version, None, [f"{STATE}/versions/{version} is missing"]
+        return version, vfd, []
+
+    def inspect(self) -> tuple[InstallMarker | None, str | None, list[str]]:
+        """(marker, version, problems) of the installed bake; (None, None, []) if none.
+        ``problems`` lists what differs from the marker's inventory (a damaged tree, an
+        unreadable marker: what a repair fixes).  Needs ``opened()`` or ``locked()``."""
+        version, vfd, problems = self._current()
+        if vfd is None:
+            return None, version, problems
         try:
             try:
-                marker = jsonio.parse_json(jsonio.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
-                                           MARKER)
-                check_marker(marker)
-                self._roles_by_version[version] = [r for r in marker["roles"] if r in ROLE_ENV]
+                marker = _read_marker(vfd)
+                self._roles_by_version[version] = list(marker.roles)
             except BadInput:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable marker is damage to repair
                 return None, version, [f"{MARKER} is unreadable ({e})"]
-            problems = [f"{role} is not cachebake's link" for role in marker["roles"]
+            problems = [f"{role} is not cachebake's link" for role in marker.roles
                         if readlink(role, self.root_fd) != self.role_link(role)]
             problems += check_tree(vfd, marker)
             return marker, version, problems
@@ -437,15 +453,18 @@ class InstallDir:
         if self.sync:
             os.fsync(fd)
 
-    def commit(self, staged: str, staged_fd: int, digest: str, marker: dict, roles: list[str]) -> str:
+    def commit(self, staged: str, staged_fd: int, marker: InstallMarker) -> str:
         """Sync the staged tree, link roles, move it into versions/, switch ``current``."""
+        roles, digest = list(marker.roles), marker.layer_digest
         fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=staged_fd)
         try:
             # the seal (install/inventory.py): created after the last file, read before the write
-            marker = {**marker, "sealed_ctime_ns": os.fstat(fd).st_ctime_ns}
+            marker = dataclasses.replace(marker, sealed_ctime_ns=os.fstat(fd).st_ctime_ns)
             os.fchmod(fd, 0o644)
-            data = json.dumps(marker, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+            # written once into the private staging dir, which the rename below makes visible
+            # whole: no temp file needed
+            data = jsonio.canonical_json(marker.to_json()) + b"\n"
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -535,9 +554,13 @@ class InstallDir:
         if vfd is None:
             return []
         try:
-            marker = jsonio.parse_json(jsonio.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd), MARKER)
-            return [r for r in marker.get("roles", []) if r in ROLE_ENV]
+            return list(_read_marker(vfd).roles)
         except Exception:  # noqa: BLE001 - an unreadable marker backs no role
             return []
         finally:
             os.close(vfd)
+
+
+def _read_marker(version_fd: int, document: str = MARKER) -> InstallMarker:
+    return InstallMarker.from_json(jsonio.parse_json(
+        jsonio.read_document(MARKER, document, CAP_MARKER, dir_fd=version_fd), document), document)
