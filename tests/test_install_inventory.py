@@ -16,7 +16,7 @@ from cachebake.install.inventory import InstallMarker
 
 
 @pytest.fixture
-def installed(baked, tmp_path):
+def install_dir(baked, tmp_path):
     to = tmp_path / "c"
     report = install_artifact(baked["artifact"], to, target="sm_90")
     return to, report
@@ -26,8 +26,8 @@ def _marker_file(to):
     return to / ".cachebake" / "current" / "install.json"
 
 
-def test_what_install_writes_is_the_marker_and_reads_back_equal(installed):
-    to, report = installed
+def test_what_install_writes_is_the_marker_and_reads_back_equal(install_dir):
+    to, report = install_dir
     doc = json.loads(_marker_file(to).read_text())
     marker = InstallMarker.from_json(doc)
     assert marker.to_json() == doc
@@ -40,8 +40,8 @@ def test_what_install_writes_is_the_marker_and_reads_back_equal(installed):
 @pytest.mark.parametrize("field, value", [("left_out", {"vllm": 3}), ("left_out", {"../etc": "x"}), ("roles", ["triton", "nope"]),
                                           ("files", {"triton/x": "12"}), ("layer_digest", "sha256:xyz"),
                                           ("sealed_ctime_ns", True), ("relocated", [])])
-def test_a_wrong_field_is_refused_by_name_and_the_next_install_repairs(installed, baked, field, value):
-    to, report = installed
+def test_a_wrong_field_is_refused_by_name_and_the_next_install_repairs(install_dir, baked, field, value):
+    to, report = install_dir
     path = _marker_file(to)
     doc = json.loads(path.read_text())
     with pytest.raises(InvalidDocument) as e:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from cachebake import jsonio
 from cachebake.artifact import schema
-from cachebake.errors import BadInput, InvalidDocument, from_os_error
+from cachebake.errors import BadInput, InvalidDocument
 from cachebake.gpu import resolve_target
 
 
@@ -80,7 +80,7 @@ class Fingerprint:
     def write(self, path: os.PathLike | str) -> None:
         """The fingerprint file, whole or not at all, mode 0644 (the serving image's user reads
         it, whatever the umask); an error names ``path``."""
-        _write_document(os.fspath(path), self.to_json())
+        jsonio.write_json_atomic(path, self.to_json())
 
     @classmethod
     def read(cls, path: os.PathLike | str) -> "Fingerprint":
@@ -96,28 +96,6 @@ class Fingerprint:
             return cls.from_json(doc, name)
         except InvalidDocument as e:  # the user's file, not an artifact's: bad input
             raise BadInput(e.line()) from None
-
-
-def _write_document(path: str, doc: dict) -> None:
-    """Write a JSON document whole or not at all, naming ``path`` (never a temp name) on error."""
-    import tempfile
-
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    except OSError as e:
-        raise from_os_error(e, path, "cannot write") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(jsonio.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise from_os_error(e, path, "cannot write") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 @dataclass(frozen=True)
