@@ -17,6 +17,10 @@ Rules every module follows:
 * anything else is a bug: the CLI prints one line, writes the traceback to a log file and
   exits 1 (``ExitCode.FAILURE``); Ctrl-C exits 130 (``ExitCode.INTERRUPTED``), saying what
   state it left.
+
+``print_error`` is the one printer of a refusal: the CLI's boundary, the round child's and
+every other entry point (a driver's own ``main``) print through it, so a user and a script
+parsing stderr see one form wherever it came from.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import enum
 import os
 import sys
+from typing import TextIO
 
 
 class ExitCode(enum.IntEnum):
@@ -174,8 +179,22 @@ def from_os_error(e: OSError, path: os.PathLike | str | None = None, what: str =
     internal temp file the OS error may name)."""
     where = os.fspath(path) if path is not None else (e.filename or "")
     reason = e.strerror or str(e)
-    text = f"{where}: {what + ': ' if what else ''}{reason}" if where else f"{what}: {reason}"
+    text = ": ".join(part for part in (where, what, reason) if part)
     return error_class(text)
+
+
+ERROR_PREFIX = "cachebake: error: "
+
+
+def print_error(err: CachebakeError, stream: TextIO | None = None) -> None:
+    """``err`` as its one line (``cachebake: error: ...``), then its detail lines indented
+    (preflight's differences), on ``stream`` (default: stderr), flushed.  Plain text, no rich:
+    the error that rich itself is missing must print too."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(ERROR_PREFIX + err.line() + "\n")
+    for line in err.details():
+        stream.write(f"  {line}\n")
+    stream.flush()
 
 
 # Where crash logs go: $CACHEBAKE_LOG_DIR, else the temp dir.

@@ -13,7 +13,7 @@ from cachebake.bake.rounds import run_rounds
 from cachebake.capture.env import bake_env
 from cachebake.drivers.command import CommandDriver
 from cachebake.drivers.registry import InProcessDriver
-from cachebake.errors import BadInput, CommandFailed, ExitCode, NotStable
+from cachebake.errors import CommandFailed, ExitCode, NotStable, UsageError
 
 TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
 
@@ -114,7 +114,7 @@ def test_no_until_stable_runs_exactly_one_round(tmp_path):
 
 
 def test_round_options_that_can_never_be_stable_are_refused(tmp_path):
-    with pytest.raises(BadInput, match="could never be called stable"):
+    with pytest.raises(UsageError, match="could never be called stable"):  # options that do not mix: exit 2
         run_rounds(CommandDriver(["true"]), env_for(tmp_path), max_rounds=1, quiet_rounds=2)
     assert not (tmp_path / "work").exists()
 

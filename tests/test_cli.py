@@ -4,6 +4,7 @@ SIGINT) is 130 and leaves nothing behind; tables fit the terminal."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,7 +71,7 @@ CASES = [
     (["inspect", "/proc"], B),
     (["inspect", "{art}", "--target", "sm_999"], U),
     (["inspect", "{art}", "--target", "sm_120"], S),
-    (["build", "--out", "{tmp}/o", "--target", "sm_90", "--root", "{tmp}/r"], B),
+    (["build", "--out", "{tmp}/o", "--target", "sm_90", "--root", "{tmp}/r"], U),  # nothing to run
     (["build", "--model", "nemotron-hh", "--out", "{tmp}/o", "--root", "{tmp}/r"], B),
     (["build", "--model", "nemotron-h", "--out", "{tmp}/o", "--root", "{tmp}/r"], S),
     (["build", "--model", "nemotron-h", "--driver", "kernels", "--out", "{tmp}/o"], S),
@@ -108,6 +109,17 @@ CASES = [
     (["fingerprint"], B),  # no GPU, no --target
     (["fingerprint", "--target", "sm_90", "--out", "/proc/fp.json"], B),
     (["fingerprint", "--target", "sm_90", "--out", "{tmp}/busy"], U),
+    # options that do not mix, and a missing argument, are usage errors in every command
+    (["build", "--image", "img", "--seed", "{art}", "--", "true"], U),
+    (["build", "--image", "img", "--work-dir", "{tmp}/w", "--", "true"], U),
+    (["build", "--driver", "kernels", "--out", "{tmp}/o", "--", "true"], U),
+    (["build", "--driver", "command", "--out", "{tmp}/o"], U),
+    (["build", "--model", "nemotron-h", "--driver", "kernels", "--model-dir", "/m", "--out", "{tmp}/o"], U),
+    (["build", "--model", "nemotron-h", "--driver", "vllm", "--plan", "{tmp}/afile", "--out", "{tmp}/o"], U),
+    (["build", "--max-rounds", "1", "--quiet-rounds", "2", "--out", "{tmp}/o", "--target", "sm_90",
+      "--root", "{tmp}/r", "--", "true"], U),
+    (["replay", "{art}", "--base", "{art}", "--misses", "{tmp}", "--out", "{tmp}/o"], U),
+    (["replay", "--base", "{art}", "--out", "{tmp}/o"], U),
 ]
 
 
@@ -144,6 +156,20 @@ def test_bad_input_is_one_line_and_a_documented_code(world, args, code):
     assert (doc["cachebake"], doc["ok"]) == (1, False)
     assert doc["command"] == argv[0] and doc["error"]["code"] == code
     assert doc["error"]["message"] in j.stderr
+
+
+def test_only_the_output_object_writes_to_stderr():
+    """The Output owns stderr (errors, warnings, notes, progress): no other CLI module writes
+    cachebake's lines there itself, so every such line has one form and --json's stdout stays
+    one document."""
+    offenders = []
+    for path in sorted((REPO / "cachebake" / "cli").glob("*.py")):
+        if path.name == "output.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"sys\.stderr|\berr=True|\bstderr=True|(?<![\w.])(?<!def )print\(|click\.echo|click\.secho", line):
+                offenders.append(f"{path.name}:{n}: {line.strip()}")
+    assert offenders == []
 
 
 def test_success_is_the_same_envelope_everywhere(world):

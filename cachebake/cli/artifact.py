@@ -28,10 +28,11 @@ def pack(roots, out, target, layer_root, prune_ir, as_json):
     from cachebake.cli.progress import PackProgress
     from cachebake.cli.render import render_pack
 
-    with PackProgress() as bar:
+    out_ = output(as_json)
+    with PackProgress(out_.err_console) as bar:
         report = pack_artifact(list(roots), out, target=target, layer_root=layer_root,
                                prune_ir=prune_ir, progress=bar.factory)
-    output(as_json).emit(report, render=render_pack)
+    out_.emit(report, render=render_pack)
 
 
 @main.command()

@@ -73,9 +73,7 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
         raise click.UsageError("--allow-module is for --seed (the modules its record may name)")
     if image:
         if seed or jobs or retune or gpu_name or plan_file:
-            from cachebake.errors import BadInput
-
-            raise BadInput("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
+            raise click.UsageError("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
         _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
                         model=model, driver=driver, tp=tp, serve_args=serve_args,
                         model_dir=model_dir, target=target, until_stable=until_stable,
@@ -92,12 +90,12 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
     out_ = output(as_json)
     drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
                       plan=plan_file)
-    with PackProgress() as bar:
+    with PackProgress(out_.err_console) as bar:
         report = run_build(drv, out=out or default_out(model), root=root or DEFAULT_ROOT,
                            target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
                            until_stable=until_stable, reuse_root=reuse_root,
                            allow_invalidating=allow_env, work_dir=work_dir,
-                           progress=RoundProgress(verb="bake"), warn=out_.warn,
+                           progress=RoundProgress(out_.err_console, verb="bake"), warn=out_.warn,
                            layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
                            seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
                            allow_modules=allow_modules)
@@ -107,11 +105,10 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
 def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
     """``build --image``: the same bake, run by the cachebake inside ``image``."""
     from cachebake.distribute.image import build_args, plan_bake_in_image, run_bake_in_image
-    from cachebake.errors import BadInput
     from cachebake.roles import DEFAULT_ROOT
 
     if work_dir:
-        raise BadInput("--work-dir does not apply with --image (logs stay next to --out on failure)")
+        raise click.UsageError("--work-dir does not apply with --image (logs stay next to --out on failure)")
     plan = plan_bake_in_image(image, build_args(**build_options), out=out,
                               root=str(root or DEFAULT_ROOT), gpus=gpus)
     run_bake_in_image(plan)
@@ -169,9 +166,9 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only
     from cachebake.cli.render import render_verify
     from cachebake.drivers.registry import make_driver
 
-    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
-    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
     out = output(as_json)
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
+    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(out.err_console, verb="verify"))
     for line in report.warnings():
         out.warn(line)
     out.emit(report, render=render_verify)
