@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,47 @@ def cli(*args, env: dict | None = None, user: int | None = None, check: bool = F
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
+
+
+class Checkpoints:
+    """``install_artifact(checkpoint=...)`` that counts the steps an install passes (locked:
+    the staging lanes' threads pass checkpoints too)."""
+
+    def __init__(self):
+        self.passed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, _what: str = "") -> None:
+        with self._lock:
+            self.passed += 1
+
+
+# `cachebake install` (the real CLI, its boundary included) with a checkpoint injected that
+# sends the process SIGNAL at the N-th step: install_artifact is wrapped before the CLI imports
+# it.  The kill itself is real (os.kill), from whichever thread passes the N-th checkpoint.
+_KILLED_AT = """
+import os, signal, sys, threading
+import cachebake.install as install
+n, sig, lock, passed = int(sys.argv[1]), getattr(signal, "SIG" + sys.argv[2]), threading.Lock(), [0]
+def checkpoint(what=""):
+    with lock:
+        passed[0] += 1
+        hit = passed[0] == n
+    if hit:
+        os.kill(os.getpid(), sig)
+real = install.install_artifact
+install.install_artifact = lambda *a, **kw: real(*a, checkpoint=checkpoint, **kw)
+from cachebake.cli import main
+sys.argv = ["cachebake", *sys.argv[3:]]
+sys.exit(main())
+"""
+
+
+def spawn_install(*args, kill_at: int = 0, signal: str = "KILL", env: dict | None = None) -> subprocess.Popen:
+    """``cachebake install ARGS`` in a child (INSTALL_PYTHON), sent ``signal`` (KILL, INT)
+    at checkpoint ``kill_at`` (0: never)."""
+    return subprocess.Popen([INSTALL_PYTHON, "-c", _KILLED_AT, str(kill_at), signal, "install", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or env_with(), cwd="/")
 
 
 def compile_kernels(triton_dir: Path | str) -> dict:

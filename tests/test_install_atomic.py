@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from installkit import REPO, baked, cli, compile_kernels, env_with, resolved_view  # noqa: F401
+from installkit import (REPO, Checkpoints, baked, cli, compile_kernels, env_with, resolved_view,  # noqa: F401
+                        spawn_install)
 
-from cachebake.install import atomic, install_artifact
+from cachebake.install import install_artifact
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +27,8 @@ def fp_file(tmp_path_factory):
     return p
 
 
-def _spawn(artifact, to, fp_file, **env):
-    return subprocess.Popen(
-        [sys.executable, "-m", "cachebake.cli", "install", str(artifact), "--to", str(to),
-         "--fingerprint", str(fp_file), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with(**env), cwd="/")
+def _spawn(artifact, to, fp_file, kill_at=0):
+    return spawn_install(artifact, "--to", to, "--fingerprint", fp_file, "--json", kill_at=kill_at)
 
 
 def _assert_clean(to: Path):
@@ -79,10 +77,10 @@ def _views(baked, fp_file, to):
 def _count_checkpoints(baked, fp_file, to, first_install) -> int:
     if not first_install:
         install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
-    before = atomic.checkpoints_passed()
-    install_artifact(baked["artifact2"], to, fingerprint_file=str(fp_file))
+    steps = Checkpoints()
+    install_artifact(baked["artifact2"], to, fingerprint_file=str(fp_file), checkpoint=steps)
     shutil.rmtree(to)
-    return atomic.checkpoints_passed() - before
+    return steps.passed
 
 
 @pytest.mark.slow
@@ -99,7 +97,7 @@ def test_sigkill_at_every_checkpoint_leaves_old_or_complete(baked, fp_file, tmp_
         shutil.rmtree(to, ignore_errors=True)
         if not first_install:
             install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
-        p = _spawn(baked["artifact2"], to, fp_file, CACHEBAKE_TEST_KILL_AT=kill_at)
+        p = _spawn(baked["artifact2"], to, fp_file, kill_at=kill_at)
         assert p.wait() == -signal.SIGKILL, (kill_at, p.stderr.read())
         seen = resolved_view(to / "triton")
         assert seen in (old, views["artifact2"]), f"partial tree after a kill at checkpoint {kill_at}"
@@ -224,9 +222,41 @@ def test_a_kill_while_cleaning_a_previous_kill_still_recovers(baked, fp_file, tm
             shutil.rmtree(to, ignore_errors=True)
             install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
             for kill_at in (first, second):
-                p = _spawn(baked["artifact2"], to, fp_file, CACHEBAKE_TEST_KILL_AT=kill_at)
+                p = _spawn(baked["artifact2"], to, fp_file, kill_at=kill_at)
                 p.wait()
                 assert resolved_view(to / "triton") in (views["artifact"], views["artifact2"])
             install_artifact(baked["artifact2"], to, fingerprint_file=str(fp_file))
             assert resolved_view(to / "triton") == views["artifact2"]
             _assert_clean(to)
+
+
+def test_a_transaction_undoes_whatever_ends_it_but_a_commit(baked, fp_file, tmp_path):
+    """The destination owns its finalize step: leaving the block without a commit, or an
+    exception in it, leaves DIR as it was (a fresh DIR is removed again); only commit switches."""
+    from cachebake.install.atomic import InstallDir
+    from installkit import tree_state
+
+    fresh = tmp_path / "a" / "new"
+    with InstallDir(fresh).transaction(5) as tx:
+        os.mkdir("triton", dir_fd=tx.staged_fd)
+        assert (fresh / ".cachebake" / "staging").is_dir() and tx.marker is None
+    assert not (tmp_path / "a").exists()
+
+    to = tmp_path / "cache"
+    install_artifact(baked["artifact"], to, fingerprint_file=str(fp_file))
+    before = tree_state(to)
+    with pytest.raises(RuntimeError):
+        with InstallDir(to).transaction(5) as tx:
+            assert tx.marker is not None and tx.damage == []
+            os.mkdir("triton", dir_fd=tx.staged_fd)
+            raise RuntimeError("the extraction failed")
+    assert tree_state(to) == before
+
+
+def test_the_kill_hook_is_not_read_from_the_environment(baked, fp_file, tmp_path):
+    """Production code takes its checkpoint as an argument: the variable the crash tests once
+    set in the environment does nothing now."""
+    r = cli("install", baked["artifact"], "--to", tmp_path / "c", "--fingerprint", fp_file, "--json",
+            env=env_with(CACHEBAKE_TEST_KILL_AT=1, CACHEBAKE_TEST_SIGNAL="KILL"))
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "installed", r.stderr
+    assert not any("CACHEBAKE_TEST" in p.read_text() for p in (REPO / "cachebake").rglob("*.py"))
