@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import enum
 import os
+import signal
 import sys
+import threading
 from typing import TextIO
 
 
@@ -173,14 +175,54 @@ class Interrupted(CachebakeError):
         self.state = state
 
 
+class DeferredInterrupt:
+    """Ctrl-C taken at step boundaries only, for the steps that write what a user keeps (an
+    install's switch, pack's swap of --out).
+
+    Python raises KeyboardInterrupt between any two bytecodes, finalizers included, and one
+    raised inside a ``__del__`` or a generator's close is printed as "Exception ignored in ...
+    KeyboardInterrupt" and dropped: the interrupted command then carries on and reports
+    success.  While this is active (``with``, on the main thread; elsewhere it does nothing),
+    SIGINT only records itself; ``check()`` raises KeyboardInterrupt where the caller can say
+    what it left.  One still pending when the block ends without an error is raised then: the
+    command finished its work, and its Ctrl-C line says so rather than the work being silently
+    done after the user asked to stop."""
+
+    def __init__(self):
+        self.pending = False
+        self._previous = None
+
+    def __enter__(self) -> "DeferredInterrupt":
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._record)
+        return self
+
+    def _record(self, _signum, _frame) -> None:
+        self.pending = True
+
+    def check(self) -> None:
+        """Raise the recorded Ctrl-C now (main thread only; other threads never raise it)."""
+        if self.pending and threading.current_thread() is threading.main_thread():
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        if exc_type is None:
+            self.check()
+
+
 def from_os_error(e: OSError, path: os.PathLike | str | None = None, what: str = "",
-                  error_class: type[CachebakeError] = BadInput) -> CachebakeError:
+                  error_class: type[CachebakeError] = BadInput, *, hint: str | None = None) -> CachebakeError:
     """An ``OSError`` on a path the user gave, as one line naming that path (not an
-    internal temp file the OS error may name)."""
+    internal temp file the OS error may name); ``hint``: what the failed command left."""
     where = os.fspath(path) if path is not None else (e.filename or "")
     reason = e.strerror or str(e)
     text = ": ".join(part for part in (where, what, reason) if part)
-    return error_class(text)
+    return error_class(text, hint=hint)
 
 
 ERROR_PREFIX = "cachebake: error: "

@@ -297,6 +297,27 @@ def test_ctrl_c_in_a_light_command_is_130(tmp_path):
     shutil.rmtree(to)
 
 
+@pytest.mark.parametrize("module", ["click", "cachebake.cli.app", "cachebake.cli.params"])
+def test_ctrl_c_while_the_command_line_is_still_importing_is_one_line(module):
+    """A real SIGINT, sent the moment MODULE is imported on the way to the CLI (the window a
+    Ctrl-C right after Enter lands in): exit 130 and one line, never a KeyboardInterrupt
+    traceback from an import."""
+    prog = ("import builtins, os, signal, sys\n"
+            "real = builtins.__import__\n"
+            "def importing(name, *a, **kw):\n"
+            "    if name == sys.argv[1]:\n"
+            "        builtins.__import__ = real\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *a, **kw)\n"
+            "builtins.__import__ = importing\n"
+            "from cachebake.cli import main\n"
+            "sys.exit(main(['recipes']))\n")
+    r = subprocess.run([sys.executable, "-c", prog, module], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+    assert r.returncode == 130 and r.stdout == "", r.stderr
+    assert r.stderr == "cachebake: error: interrupted: stopped while starting; nothing was done\n"
+
+
 @pytest.mark.parametrize("blocked,code,says", [
     ("zstandard", ExitCode.UNSUPPORTED, "the Python package 'zstandard' is missing from"),
     ("cachebake_no_such_module", ExitCode.FAILURE, "internal error: ModuleNotFoundError"),

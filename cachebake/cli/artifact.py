@@ -8,6 +8,7 @@ import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, ROLE_DIR
+from cachebake.errors import Interrupted
 
 
 @main.command()
@@ -24,15 +25,21 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, ROLE_DIR
 @JSON_OPTION
 def pack(roots, out, target, layer_root, prune_ir, as_json):
     """Pack cache directories (triton=, vllm=, flashinfer=, inductor=) into an artifact."""
-    from cachebake.artifact.pack import pack_artifact
-    from cachebake.cli.progress import PackProgress
-    from cachebake.cli.render import render_pack
-
     out_ = output(as_json)
-    with PackProgress(out_.err_console) as bar:
-        report = pack_artifact(list(roots), out, target=target, layer_root=layer_root,
-                               prune_ir=prune_ir, progress=bar.factory)
-    out_.emit(report, render=render_pack)
+    report = None
+    try:
+        from cachebake.artifact.pack import pack_artifact
+        from cachebake.cli.progress import PackProgress
+        from cachebake.cli.render import render_pack
+
+        with PackProgress(out_.err_console) as bar:
+            report = pack_artifact(list(roots), out, target=target, layer_root=layer_root,
+                                   prune_ir=prune_ir, progress=bar.factory)
+        out_.emit(report, render=render_pack)
+    except KeyboardInterrupt:  # outside pack_artifact, which says what it left itself
+        if report is None:
+            raise Interrupted(f"nothing written: {os.path.abspath(out)} is as it was") from None
+        raise Interrupted(f"{report.out} holds the new artifact; only its report was cut short") from None
 
 
 @main.command()

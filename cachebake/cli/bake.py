@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from cachebake.bake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT, SERVE_ARGS
 from cachebake.cli.replay import ALLOW_MODULE_OPTION
+from cachebake.errors import Interrupted
 
 _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve args), kernels "
                 "(vLLM's Mamba2 Triton ops at the model's shapes), or command (the CMD after --). "
@@ -81,25 +84,33 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
                         allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
                         as_json=as_json, cmd=cmd)
         return
-    from cachebake.bake.build import build as run_build
-    from cachebake.cli.progress import PackProgress, RoundProgress
-    from cachebake.cli.render import render_build
-    from cachebake.drivers.registry import make_driver
-    from cachebake.roles import DEFAULT_ROOT
-
     out_ = output(as_json)
-    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
-                      plan=plan_file)
-    with PackProgress(out_.err_console) as bar:
-        report = run_build(drv, out=out or default_out(model), root=root or DEFAULT_ROOT,
-                           target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
-                           until_stable=until_stable, reuse_root=reuse_root,
-                           allow_invalidating=allow_env, work_dir=work_dir,
-                           progress=RoundProgress(out_.err_console, verb="bake"), warn=out_.warn,
-                           layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
-                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
-                           allow_modules=allow_modules)
-    out_.emit(report, render=render_build)
+    out = out or default_out(model)
+    report = None
+    try:
+        from cachebake.bake.build import build as run_build
+        from cachebake.cli.progress import PackProgress, RoundProgress
+        from cachebake.cli.render import render_build
+        from cachebake.drivers.registry import make_driver
+        from cachebake.roles import DEFAULT_ROOT
+
+        drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
+                          plan=plan_file)
+        with PackProgress(out_.err_console) as bar:
+            report = run_build(drv, out=out, root=root or DEFAULT_ROOT,
+                               target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                               until_stable=until_stable, reuse_root=reuse_root,
+                               allow_invalidating=allow_env, work_dir=work_dir,
+                               progress=RoundProgress(out_.err_console, verb="bake"), warn=out_.warn,
+                               layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
+                               seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
+                               allow_modules=allow_modules)
+        out_.emit(report, render=render_build)
+    except KeyboardInterrupt:  # outside the rounds and the pack, which say what they left
+        if report is None:
+            raise Interrupted(f"the bake was stopped; nothing was packed and {os.path.abspath(out)} "
+                              "is as it was") from None
+        raise Interrupted(f"the bake is packed in {report.plan.out}; only its report was cut short") from None
 
 
 def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):

@@ -31,13 +31,15 @@ be relocated is removed from the staging dir before the switch and left out with
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from cachebake.artifact.reader import open_source
-from cachebake.errors import Interrupted
+from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
 from cachebake.install.inventory import InstallMarker
 from cachebake.roles import ROLE_ENV, serving_env
@@ -96,15 +98,31 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     crash tests kill the process at the n-th call: tests/installkit.py)."""
     dest = atomic.InstallDir(to, sync=sync, checkpoint=checkpoint)
     try:
-        return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
-                        allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
-                        check_only=check_only, overlay=overlay,
-                        artifact_name=artifact_name or os.fspath(artifact))
+        # Ctrl-C at a step, where what was left is known (errors.DeferredInterrupt); a check
+        # writes nothing, so it stops wherever it is
+        with contextlib.nullcontext() if check_only else dest.interrupts:
+            return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
+                            allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
+                            check_only=check_only, overlay=overlay,
+                            artifact_name=artifact_name or os.fspath(artifact))
     except KeyboardInterrupt:
-        if dest.switched():
-            raise Interrupted(f"the new bake was switched in at {dest.root}; a re-run cleans up "
-                              "what is left") from None
-        raise Interrupted(f"nothing was installed; {dest.root} holds what it held before") from None
+        raise Interrupted(_what_was_left(dest)) from None
+    except OSError as e:
+        # DIR's filesystem refused a write (full, read-only, quota, permissions) or failed
+        # (EIO): one line naming DIR, never the entry or temp name the OS error carries
+        raise from_os_error(e, dest.root, "cannot install", BadInput if e.errno in DIR_REFUSALS else CachebakeError,
+                            hint=_what_was_left(dest)) from None
+
+
+# What DIR's filesystem refuses (the user's to fix: exit 3); any other OSError there is exit 1.
+DIR_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                          errno.EMLINK, errno.ENAMETOOLONG})
+
+
+def _what_was_left(dest: atomic.InstallDir) -> str:
+    if dest.switched():
+        return f"the new bake was switched in at {dest.root}; a re-run cleans up what is left"
+    return f"nothing was installed; {dest.root} holds what it held before"
 
 
 @dataclass
@@ -176,6 +194,7 @@ def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_
 
 def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **options) -> InstallReport:
     plan = _plan(artifact, dest, **options)
+    dest.interrupts.check()
     report = plan.report
     with dest.opened(create=False):  # a look without the lock: the common repeat is a no-op
         marker, version, damage = dest.inspect()

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Iterator
 
 from cachebake import jsonio
-from cachebake.errors import BadInput, Locked, from_os_error
+from cachebake.errors import BadInput, DeferredInterrupt, Locked, from_os_error
 from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
                                      rmtree_at, sync_tree)
 from cachebake.install.inventory import MARKER, InstallMarker, check_tree
@@ -86,10 +86,13 @@ class InstallDir:
         """``sync`` False: no syncfs and no fsync (``install --no-sync``); the order of the
         steps still leaves the old tree or the new one, and a crash before writeback can
         leave new files empty, which the next install's tree check finds and repairs.
-        ``checkpoint``: called at each step (module doc); from the staging lanes' threads too."""
+        ``checkpoint``: called at each step (module doc), on the installing thread."""
         self.root = Path(os.path.abspath(to))
         self.sync = sync
-        self.checkpoint = checkpoint
+        self._checkpoint = checkpoint
+        # Ctrl-C is taken at steps only (errors.DeferredInterrupt), while an install runs
+        # ``with dest.interrupts:``
+        self.interrupts = DeferredInterrupt()
         self.state = self.root / STATE
         self.uid = os.geteuid()
         self.root_fd: int | None = None
@@ -101,6 +104,11 @@ class InstallDir:
         self._created_state = False
         self._links_made: list[str] = []
         self.pending_version: str | None = None  # the version commit() is switching to
+
+    def checkpoint(self, what: str) -> None:
+        """A step boundary: the injected checkpoint, then a pending Ctrl-C is raised here."""
+        self._checkpoint(what)
+        self.interrupts.check()
 
     # -- opening ----------------------------------------------------------------------------
     def _open_root(self, create: bool) -> int | None:
@@ -352,6 +360,7 @@ class InstallDir:
                     raise
             if time.monotonic() > deadline:
                 raise Locked(f"another install holds {self.state / 'lock'} for over {timeout:.0f} s")
+            self.interrupts.check()  # Ctrl-C while waiting for another install
             time.sleep(0.05)
 
     def _still_linked(self, lock_fd: int) -> bool:
@@ -466,8 +475,13 @@ class InstallDir:
                     tx.rollback()
             except BaseException:
                 # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install,
-                # and a DIR this install created is removed again.
-                tx.rollback()
+                # and a DIR this install created is removed again.  Where the filesystem
+                # refuses even that (it went read-only), the error that stopped the install is
+                # the one to report; the next install removes what is left.
+                try:
+                    tx.rollback()
+                except OSError:
+                    pass
                 raise
             finally:
                 tx.close()
