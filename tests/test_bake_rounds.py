@@ -96,6 +96,7 @@ def test_new_compiles_every_round_is_not_stable(tmp_path):
     assert runs(tmp_path) == 3  # a 4th round could not have made two quiet rounds
 
 
+@pytest.mark.slow  # rounds of real processes until the evidence runs out: 4.5 s alone on the 2-vCPU VM
 def test_stops_as_soon_as_the_evidence_cannot_come_any_more(tmp_path):
     # compiles in rounds 1-4; with 5 allowed, round 5 alone cannot make 2 quiet rounds
     with pytest.raises(NotStable, match="not stable after 4 of --max-rounds 5 rounds"):
