@@ -155,23 +155,20 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only
     if check_only:
         from cachebake.bake.verify import check_only as run_check
         from cachebake.cli.render import render_compile_check
-        from cachebake.errors import BadInput
 
         given = [n for n, v in (("--model", model), ("--driver", driver), ("--tp", tp),
                                 ("--serve-args", serve_args), ("--model-dir", model_dir),
                                 ("--work-dir", work_dir)) if v]
         if given:
-            raise BadInput(f"{', '.join(given)}: no round runs with --check-only (give the "
-                           "server's model with --model-ref and its flags after --)")
+            raise click.UsageError(f"{', '.join(given)}: no round runs with --check-only (give the "
+                                   "server's model with --model-ref and its flags after --)")
         report = run_check(cache, artifact=artifact, target=target, model_ref=model_ref,
                            server_argv=list(cmd) if cmd else None)
         output(as_json).emit(report, render=render_compile_check)
         report.check()
         return
     if artifact or target or model_ref:
-        from cachebake.errors import BadInput
-
-        raise BadInput("--artifact, --target and --model-ref are for --check-only")
+        raise click.UsageError("--artifact, --target and --model-ref are for --check-only")
     from cachebake.bake.verify import verify as run_verify
     from cachebake.cli.progress import RoundProgress
     from cachebake.cli.render import render_verify
