@@ -152,7 +152,7 @@ def phases(workdir: str, repeat: int) -> str:
         blob = layer_blob(art)
         timing(extract, "extract_layer", "extraction")
         timing(atomic, "sync_tree", "syncfs")
-        timing(atomic.InstallDir, "commit", "commit (incl. syncfs)")
+        timing(atomic.Transaction, "commit", "commit (incl. syncfs)")
         for i in range(repeat):
             os.sync()
             t = time.perf_counter()
@@ -224,8 +224,10 @@ def extraction_rounds(workdir: str, repeat: int, keep_trees: bool, methods_for) 
 
 def _extract_into(ctx, lanes=None, transform=False, checkpoint=False, verified=False):
     """extract_layer() of ctx's layer into a fresh directory, with the parts install adds."""
+    import installkit
+
     from cachebake.artifact.reader import open_source
-    from cachebake.install import atomic, extract, relocate
+    from cachebake.install import extract, relocate
     from cachebake.install.fsops import DIR_FLAGS
 
     source = open_source(str(ctx.art)) if verified else None
@@ -237,7 +239,7 @@ def _extract_into(ctx, lanes=None, transform=False, checkpoint=False, verified=F
         try:
             with (source.open_layer(bake) if verified else open(ctx.blob, "rb")) as f:
                 extract.extract_layer(f, ctx.limits, fd, relocate.group_rewriter(str(d)) if transform else None,
-                                      atomic.checkpoint if checkpoint else (lambda _: None), lanes=lanes)
+                                      installkit.Checkpoints() if checkpoint else (lambda _: None), lanes=lanes)
         finally:
             os.close(fd)
     return run

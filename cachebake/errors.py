@@ -17,13 +17,20 @@ Rules every module follows:
 * anything else is a bug: the CLI prints one line, writes the traceback to a log file and
   exits 1 (``ExitCode.FAILURE``); Ctrl-C exits 130 (``ExitCode.INTERRUPTED``), saying what
   state it left.
+
+``print_error`` is the one printer of a refusal: the CLI's boundary, the round child's and
+every other entry point (a driver's own ``main``) print through it, so a user and a script
+parsing stderr see one form wherever it came from.
 """
 
 from __future__ import annotations
 
 import enum
 import os
+import signal
 import sys
+import threading
+from typing import TextIO
 
 
 class ExitCode(enum.IntEnum):
@@ -168,14 +175,68 @@ class Interrupted(CachebakeError):
         self.state = state
 
 
+class DeferredInterrupt:
+    """Ctrl-C taken at step boundaries only, for the steps that write what a user keeps (an
+    install's switch, pack's swap of --out).
+
+    Python raises KeyboardInterrupt between any two bytecodes, finalizers included, and one
+    raised inside a ``__del__`` or a generator's close is printed as "Exception ignored in ...
+    KeyboardInterrupt" and dropped: the interrupted command then carries on and reports
+    success.  While this is active (``with``, on the main thread; elsewhere it does nothing),
+    SIGINT only records itself; ``check()`` raises KeyboardInterrupt where the caller can say
+    what it left.  One still pending when the block ends without an error is raised then: the
+    command finished its work, and its Ctrl-C line says so rather than the work being silently
+    done after the user asked to stop."""
+
+    def __init__(self):
+        self.pending = False
+        self._previous = None
+
+    def __enter__(self) -> "DeferredInterrupt":
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._record)
+        return self
+
+    def _record(self, _signum, _frame) -> None:
+        self.pending = True
+
+    def check(self) -> None:
+        """Raise the recorded Ctrl-C now (main thread only; other threads never raise it)."""
+        if self.pending and threading.current_thread() is threading.main_thread():
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        if exc_type is None:
+            self.check()
+
+
 def from_os_error(e: OSError, path: os.PathLike | str | None = None, what: str = "",
-                  error_class: type[CachebakeError] = BadInput) -> CachebakeError:
+                  error_class: type[CachebakeError] = BadInput, *, hint: str | None = None) -> CachebakeError:
     """An ``OSError`` on a path the user gave, as one line naming that path (not an
-    internal temp file the OS error may name)."""
+    internal temp file the OS error may name); ``hint``: what the failed command left."""
     where = os.fspath(path) if path is not None else (e.filename or "")
     reason = e.strerror or str(e)
-    text = f"{where}: {what + ': ' if what else ''}{reason}" if where else f"{what}: {reason}"
-    return error_class(text)
+    text = ": ".join(part for part in (where, what, reason) if part)
+    return error_class(text, hint=hint)
+
+
+ERROR_PREFIX = "cachebake: error: "
+
+
+def print_error(err: CachebakeError, stream: TextIO | None = None) -> None:
+    """``err`` as its one line (``cachebake: error: ...``), then its detail lines indented
+    (preflight's differences), on ``stream`` (default: stderr), flushed.  Plain text, no rich:
+    the error that rich itself is missing must print too."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(ERROR_PREFIX + err.line() + "\n")
+    for line in err.details():
+        stream.write(f"  {line}\n")
+    stream.flush()
 
 
 # Where crash logs go: $CACHEBAKE_LOG_DIR, else the temp dir.

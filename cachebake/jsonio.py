@@ -6,7 +6,8 @@ bytes.  Parsing (``parse_json``): UTF-8 only, no duplicate keys (two parsers cou
 different values), no NaN/Infinity, and nesting no deeper than ``MAX_NESTING``: Python's json
 raises RecursionError on deep input and our own code walks these documents recursively.
 Writing (``dumps``): what cachebake writes passes that reader (non-finite floats become
-strings), since registries, jq and Go refuse NaN and Infinity too.
+strings), since registries, jq and Go refuse NaN and Infinity too.  A document written to a
+file the user names goes through ``write_json_atomic``: whole or not at all, 0644.
 
 The checks of each document's fields are cachebake.artifact.schema's; ``canonical_json`` is
 the one byte form every blob and record is written in.
@@ -20,9 +21,10 @@ import math
 import os
 import re
 import stat
+import tempfile
 from typing import Any
 
-from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, from_os_error
 
 MAX_NESTING = 32
 
@@ -128,8 +130,56 @@ def canonical_json(obj: Any) -> bytes:
     return dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def parse_json(data: bytes | str, document: str) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING."""
+def write_json_atomic(path: os.PathLike | str, doc: Any) -> None:
+    """``doc`` as strict JSON (``dumps``, indented, sorted keys) at ``path``: the whole document
+    or nothing, whatever kills the writer, since readers (an installer in another container, a
+    script) may read it at any moment.  ``write_atomic`` has the rules."""
+    write_atomic(path, (dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_atomic(path: os.PathLike | str, data: bytes, *, sync: bool = True) -> None:
+    """``data`` at ``path``, whole or not at all: written to a new temp file beside it (a
+    random name, O_EXCL: nobody else's file is ever opened), synced unless ``sync`` is False,
+    then renamed over ``path`` (a reader sees the old file or the new one).  Mode 0644 whatever
+    the umask: another user (the server, an init container) reads it.  The parent directory is
+    created.  Any OSError is BadInput naming ``path``, never the temp name; the temp file is
+    removed on any failure, Ctrl-C included."""
+    path = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    except FileExistsError:  # from makedirs: a component of the parent is not a directory
+        raise BadInput(f"{path}: cannot write: {parent} is not a directory") from None
+    except OSError as e:
+        raise from_os_error(e, path, "cannot write") from None
+    try:
+        try:
+            os.fchmod(fd, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise from_os_error(e, path, "cannot write") from None
+        raise
+
+
+def parse_json(data: bytes | str, document: str, *, allow_non_finite: bool = False) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting <= MAX_NESTING.
+
+    ``allow_non_finite``: NaN and Infinity read as floats, for the one kind of file that holds
+    them by design: Triton's own cache metadata (its autotuner writes a failed config's time
+    as Infinity), read when a cache is packed."""
     if isinstance(data, bytes):
         raw = data
         try:
@@ -141,7 +191,7 @@ def parse_json(data: bytes | str, document: str) -> Any:
     _check_nesting(raw, document)
     try:
         return json.loads(data, object_pairs_hook=_no_duplicates(document),
-                          parse_constant=_no_constant(document))
+                          parse_constant=float if allow_non_finite else _no_constant(document))
     except RecursionError:  # unreachable after _check_nesting; kept so no traceback escapes
         raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels") from None
     except ValueError as e:  # JSONDecodeError, and int() over Python's digit limit

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,92 @@ def cli(*args, env: dict | None = None, user: int | None = None, check: bool = F
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
+
+
+class Checkpoints:
+    """``install_artifact(checkpoint=...)`` that counts the steps an install passes (locked:
+    the staging lanes' threads pass checkpoints too)."""
+
+    def __init__(self):
+        self.passed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, _what: str = "") -> None:
+        with self._lock:
+            self.passed += 1
+
+
+# `cachebake install|pack` (the real CLI, its boundary included) with a checkpoint injected
+# that acts at the N-th step: install_artifact / pack_artifact is wrapped before the CLI
+# imports it.  The actions are real: a signal to the process (os.kill), or FILL:PATH, which
+# writes PATH until its filesystem refuses with ENOSPC (another writer filling the volume).
+# NOEXCHANGE makes pack swap --out without renameat2's RENAME_EXCHANGE, as on a kernel or
+# filesystem without it (the one stand-in here: this machine's has it).  INT_IN_FINALIZER
+# sends SIGINT from inside an object's __del__, as a Ctrl-C lands while the garbage collector
+# runs one: Python's default handler raises it there, where it is printed as "Exception
+# ignored" and dropped.
+_AT_CHECKPOINT = """
+import errno, os, signal, sys, threading
+command, n, action = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lock, passed = threading.Lock(), [0]
+def act():
+    if action.startswith("FILL:"):
+        with open(action[5:], "wb") as f:
+            try:
+                while True:
+                    f.write(b"x" * (1 << 16))
+                    f.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+    elif action == "INT_IN_FINALIZER":
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(1000))  # bytecodes for the handler to run between
+        Finalized()
+    else:
+        os.kill(os.getpid(), getattr(signal, "SIG" + action))
+def checkpoint(what=""):
+    with lock:
+        passed[0] += 1
+        hit = passed[0] == n
+    if hit:
+        act()
+if command == "install":
+    import cachebake.install as module
+    name = "install_artifact"
+else:
+    import cachebake.artifact.pack as module
+    name = "pack_artifact"
+    if os.environ.get("NOEXCHANGE"):
+        module._rename_exchange = lambda a, b: False
+real = getattr(module, name)
+setattr(module, name, lambda *a, **kw: real(*a, checkpoint=checkpoint, **kw))
+from cachebake.cli import main
+sys.argv = ["cachebake", command, *sys.argv[4:]]
+sys.exit(main())
+"""
+
+
+def spawn_at_checkpoint(command: str, *args, at: int = 0, action: str = "KILL", env: dict | None = None,
+                        python: str | None = None) -> subprocess.Popen:
+    """``cachebake COMMAND ARGS`` (install or pack) in a child, ``action`` (KILL, INT,
+    FILL:PATH) taken at checkpoint ``at`` (0: never)."""
+    python = python or (INSTALL_PYTHON if command == "install" else sys.executable)
+    return subprocess.Popen([python, "-c", _AT_CHECKPOINT, command, str(at), action, *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or env_with(), cwd="/")
+
+
+def spawn_install(*args, kill_at: int = 0, signal: str = "KILL", env: dict | None = None) -> subprocess.Popen:
+    """``cachebake install ARGS`` in a child (INSTALL_PYTHON), sent ``signal`` (KILL, INT)
+    at checkpoint ``kill_at`` (0: never)."""
+    return spawn_at_checkpoint("install", *args, at=kill_at, action=signal, env=env)
+
+
+def at_checkpoint_script(command: str, at: int, action: str, *args) -> str:
+    """The shell words of ``spawn_at_checkpoint``, for a child that runs inside ``unshare -m``."""
+    return " ".join(shlex.quote(str(w)) for w in
+                    [INSTALL_PYTHON, "-c", _AT_CHECKPOINT, command, at, action, *args])
 
 
 def compile_kernels(triton_dir: Path | str) -> dict:
@@ -83,7 +171,7 @@ def resolved_view(role_dir: Path) -> dict | None:
 
 def current_fingerprint_dict(target: str = "sm_90") -> dict:
     from cachebake.artifact.fingerprint import current_fingerprint
-    return current_fingerprint(target).to_dict()
+    return current_fingerprint(target).to_json()
 
 
 def pack(cache_root: Path, out: Path, roles=("triton",)) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -73,8 +74,8 @@ def test_same_tree_packs_to_identical_layer_from_anywhere(triton_cache, tmp_path
         (tmp_path / "b" / "blobs" / "sha256" / la.layer_digest.split(":")[1]).read_bytes()
     # Only the recorded bake path differs between the two manifests.
     fa, fb = a.manifest.fingerprint, b.manifest.fingerprint
-    assert fa["bake_paths"] != fb["bake_paths"]
-    assert {k: v for k, v in fa.items() if k != "bake_paths"} == {k: v for k, v in fb.items() if k != "bake_paths"}
+    assert fa.bake_paths != fb.bake_paths
+    assert dataclasses.replace(fa, bake_paths={}) == dataclasses.replace(fb, bake_paths={})
     # Packing the very same path twice gives the same image manifest digest too.
     c = _pack(triton_cache, tmp_path / "c")
     assert c.manifest_digest == a.manifest_digest
@@ -83,11 +84,11 @@ def test_same_tree_packs_to_identical_layer_from_anywhere(triton_cache, tmp_path
 def test_fingerprint_and_inventory(triton_cache, tmp_path):
     m = _pack(triton_cache, tmp_path / "art").manifest
     fp = m.fingerprint
-    assert fp["target"] == "cuda:90" and fp["triton_version"] == "3.6.0"
-    assert fp["triton_key"].startswith("3.6.0")
-    assert "release 12.8" in fp["ptxas"] and fp["ptxas"].endswith("-90")
-    assert fp["python_tag"].startswith(sys.implementation.cache_tag)
-    assert fp["bake_paths"] == {"triton": str(triton_cache.resolve())}
+    assert fp.target == "cuda:90" and fp.triton_version == "3.6.0"
+    assert fp.triton_key.startswith("3.6.0")
+    assert "release 12.8" in fp.ptxas and fp.ptxas.endswith("-90")
+    assert fp.python_tag.startswith(sys.implementation.cache_tag)
+    assert fp.bake_paths == {"triton": str(triton_cache.resolve())}
     names = sorted(k.name for k in m.inventory.kernels)
     assert names == sorted(s[0] for s in aot.SPECS)
     warps = sorted((k.name, k.num_warps) for k in m.inventory.kernels if k.name == "add_kernel")
@@ -102,7 +103,7 @@ def test_set_invalidating_env_var_is_recorded(triton_cache, tmp_path, monkeypatc
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     m = _pack(triton_cache, tmp_path / "art").manifest
     # recorded as Triton puts it into the key (it normalizes booleans)
-    assert m.fingerprint["env"] == {"TRITON_DEFAULT_FP_FUSION": "true"}
+    assert m.fingerprint.env == {"TRITON_DEFAULT_FP_FUSION": "true"}
 
 
 def test_cleaning_drops_leftovers_orphans_and_topology(triton_cache, tmp_path):
@@ -144,7 +145,7 @@ def test_second_target_adds_an_index_entry(triton_cache, tmp_path):
     assert report.targets == ["cuda:120", "cuda:90"]
     art = open_artifact(out)
     assert art.select("sm_90").manifest_digest == first
-    assert art.select("cuda:120").manifest.fingerprint["ptxas"].startswith("ptxas-blackwell")
+    assert art.select("cuda:120").manifest.fingerprint.ptxas.startswith("ptxas-blackwell")
     for ref in ("sm_90", "sm_120"):
         subprocess.run([tool("skopeo"), "inspect", f"oci:{out}:{ref}"], check=True, capture_output=True)
     # Re-packing a target replaces its entry rather than adding a third.
@@ -338,8 +339,8 @@ def test_a_bake_whose_events_hold_infinities_installs_and_inspects(triton_cache,
     art = tmp_path / "art"
     pack_artifact([parse_root(f"triton={triton_cache}")], art, target="sm_90", bake=bake)
     label = open_artifact(art).select().manifest
-    assert label.bake["events"][0]["constexprs"] == {"dt_max": "inf", "MASK_VALUE": "-inf"}
-    assert label.bake["seconds"] == "nan"
+    assert label.bake.events[0]["constexprs"] == {"dt_max": "inf", "MASK_VALUE": "-inf"}
+    assert label.bake.extra["seconds"] == "nan"
     for blob in (art / "blobs" / "sha256").iterdir():
         if blob.stat().st_size < 1 << 20 and blob.read_bytes()[:1] == b"{":
             parse_json(blob.read_bytes(), blob.name)  # every JSON blob, strictly
@@ -347,3 +348,87 @@ def test_a_bake_whose_events_hold_infinities_installs_and_inspects(triton_cache,
     assert r.exit_code == 0, r.output
     report = install_artifact(art, tmp_path / "to", target="sm_90")
     assert report.status == "installed"
+
+
+# -- the swap into --out, killed or interrupted at each step -----------------------------------
+def _two_bakes(triton_cache, tmp_path):
+    """--out holding bake A, and a cache B (A's kernels plus a copied key dir) to pack over it."""
+    out = tmp_path / "art"
+    old = _pack(triton_cache, out).layer_digest
+    other = tmp_path / "other"
+    shutil.copytree(triton_cache, other)
+    shutil.copytree(sorted(p for p in other.iterdir() if p.is_dir())[0], other / ("Z" * 52))
+    new = _pack(other, tmp_path / "probe").layer_digest
+    return out, other, old, new
+
+
+def _siblings(out):
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+
+
+SWAP_STEPS = {"exchange": ["written", "swapped", "old-removed"], "two renames": ["written", "aside", "swapped", "old-removed"]}
+
+
+@pytest.mark.parametrize("how", SWAP_STEPS, ids=list(SWAP_STEPS))
+def test_a_kill_at_any_step_of_the_swap_leaves_the_old_artifact_or_the_new(triton_cache, tmp_path, how):
+    """SIGKILL at each step of pack's swap of an existing --out: --out is the old artifact or the
+    new one, whole (every blob verified); the next pack removes what the killed one left beside
+    it.  With two renames (a kernel or filesystem without RENAME_EXCHANGE, stood in for by
+    turning it off) a kill between them leaves the old artifact aside, and the next pack puts it
+    back first."""
+    from installkit import env_with, spawn_at_checkpoint
+
+    out, other, old, new = _two_bakes(triton_cache, tmp_path)
+    env = env_with(**({"NOEXCHANGE": "1"} if how == "two renames" else {}))
+    for at, step in enumerate(SWAP_STEPS[how], 1):
+        shutil.rmtree(out)
+        _pack(triton_cache, out)
+        p = spawn_at_checkpoint("pack", f"triton={other}", "--out", out, "--target", "sm_90", at=at, env=env)
+        assert p.wait() == -9, (step, p.stderr.read())
+        if step == "aside":
+            assert not out.exists() and any(n.startswith(".art.old-") for n in _siblings(out))
+        else:
+            assert open_artifact(out).select().layer_digest == (old if step == "written" else new), step
+        report = _pack(other, out)
+        assert report.layer_digest == new and _siblings(out) == [], (step, _siblings(out))
+        assert bool(report.cleaned) == (step != "old-removed"), (step, report.cleaned)
+        if step == "aside":
+            assert report.status == "replaced" and "put back" in report.cleaned[0]
+
+
+def test_ctrl_c_at_each_step_says_what_it_left_and_it_is_so(triton_cache, tmp_path):
+    from installkit import spawn_at_checkpoint
+
+    out, other, old, new = _two_bakes(triton_cache, tmp_path)
+    for at, step in enumerate(SWAP_STEPS["exchange"], 1):
+        shutil.rmtree(out)
+        _pack(triton_cache, out)
+        p = spawn_at_checkpoint("pack", f"triton={other}", "--out", out, "--target", "sm_90", at=at, action="INT")
+        _, err = p.communicate()
+        assert p.returncode == 130 and "Traceback" not in err and "Exception ignored" not in err, err
+        (line,) = err.splitlines()
+        digest = open_artifact(out).select().layer_digest
+        if step == "written":
+            assert line == f"cachebake: error: interrupted: nothing written: {out} is as it was" and digest == old
+        else:
+            assert f"{out} holds the new artifact" in line and digest == new, line
+        assert _siblings(out) == [], _siblings(out)  # an interrupted pack removes what it made itself
+
+
+def test_a_live_packs_temp_dir_is_left_alone(triton_cache, tmp_path):
+    """Leftovers are removed only once no pack holds them (flock on the temp dir: the kernel
+    drops it when its pack dies)."""
+    import fcntl
+
+    out = tmp_path / "art"
+    live, dead = tmp_path / ".art.tmp-live", tmp_path / ".art.tmp-dead"
+    live.mkdir()
+    (dead / "blobs").mkdir(parents=True)
+    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        report = _pack(triton_cache, out)
+        assert report.cleaned == [".art.tmp-dead"] and live.is_dir() and not dead.exists()
+    finally:
+        os.close(fd)
+    assert _pack(triton_cache, out).cleaned == [".art.tmp-live"]

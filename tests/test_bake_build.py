@@ -119,8 +119,9 @@ def test_every_check_runs_before_round_1(tmp_path, case, private_tmpdir, monkeyp
         cmd = []
     elif case == "missing_command":
         cmd = [str(tmp_path / "no-such-warmup")]
-    elif case == "max_below_quiet":
+    elif case == "max_below_quiet":  # options that do not mix: a usage error, as in every command
         args += ["--max-rounds", "1"]
+        code = ExitCode.USAGE
     result = build(tmp_path, *args, *(["--", *cmd] if cmd else []), root=root)
     assert result.exit_code == code, result.output
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]

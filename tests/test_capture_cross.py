@@ -24,8 +24,6 @@ from cachebake.capture.env import bake_env
 from cachebake.capture.recorder import load_record_log
 from cachebake.gpu import GPUTargetSpec
 
-pytestmark = pytest.mark.slow  # real compiles in subprocesses: ~1 min on 2 cores
-
 FAKE_PLATFORM = '''
 from typing import NamedTuple
 class DeviceCapability(NamedTuple):
@@ -96,6 +94,7 @@ def _cli(*args, timeout=600):
                           text=True, timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.slow  # two builds and a seeding, real compiles: 5-6 s alone on the 2-vCPU VM
 def test_build_records_and_a_seeded_build_compiles_nothing_in_its_rounds(tmp_path):
     warmup = ["--", sys.executable, str(TESTS / "jit_launch.py"), "--arch", "90"]
     first = _cli("build", "--target", "sm_90", "--root", str(tmp_path / "a"), "--out", str(tmp_path / "art1"),

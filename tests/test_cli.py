@@ -4,6 +4,7 @@ SIGINT) is 130 and leaves nothing behind; tables fit the terminal."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,7 +71,7 @@ CASES = [
     (["inspect", "/proc"], B),
     (["inspect", "{art}", "--target", "sm_999"], U),
     (["inspect", "{art}", "--target", "sm_120"], S),
-    (["build", "--out", "{tmp}/o", "--target", "sm_90", "--root", "{tmp}/r"], B),
+    (["build", "--out", "{tmp}/o", "--target", "sm_90", "--root", "{tmp}/r"], U),  # nothing to run
     (["build", "--model", "nemotron-hh", "--out", "{tmp}/o", "--root", "{tmp}/r"], B),
     (["build", "--model", "nemotron-h", "--out", "{tmp}/o", "--root", "{tmp}/r"], S),
     (["build", "--model", "nemotron-h", "--driver", "kernels", "--out", "{tmp}/o"], S),
@@ -108,6 +109,17 @@ CASES = [
     (["fingerprint"], B),  # no GPU, no --target
     (["fingerprint", "--target", "sm_90", "--out", "/proc/fp.json"], B),
     (["fingerprint", "--target", "sm_90", "--out", "{tmp}/busy"], U),
+    # options that do not mix, and a missing argument, are usage errors in every command
+    (["build", "--image", "img", "--seed", "{art}", "--", "true"], U),
+    (["build", "--image", "img", "--work-dir", "{tmp}/w", "--", "true"], U),
+    (["build", "--driver", "kernels", "--out", "{tmp}/o", "--", "true"], U),
+    (["build", "--driver", "command", "--out", "{tmp}/o"], U),
+    (["build", "--model", "nemotron-h", "--driver", "kernels", "--model-dir", "/m", "--out", "{tmp}/o"], U),
+    (["build", "--model", "nemotron-h", "--driver", "vllm", "--plan", "{tmp}/afile", "--out", "{tmp}/o"], U),
+    (["build", "--max-rounds", "1", "--quiet-rounds", "2", "--out", "{tmp}/o", "--target", "sm_90",
+      "--root", "{tmp}/r", "--", "true"], U),
+    (["replay", "{art}", "--base", "{art}", "--misses", "{tmp}", "--out", "{tmp}/o"], U),
+    (["replay", "--base", "{art}", "--out", "{tmp}/o"], U),
 ]
 
 
@@ -146,6 +158,20 @@ def test_bad_input_is_one_line_and_a_documented_code(world, args, code):
     assert doc["error"]["message"] in j.stderr
 
 
+def test_only_the_output_object_writes_to_stderr():
+    """The Output owns stderr (errors, warnings, notes, progress): no other CLI module writes
+    cachebake's lines there itself, so every such line has one form and --json's stdout stays
+    one document."""
+    offenders = []
+    for path in sorted((REPO / "cachebake" / "cli").glob("*.py")):
+        if path.name == "output.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"sys\.stderr|\berr=True|\bstderr=True|(?<![\w.])(?<!def )print\(|click\.echo|click\.secho", line):
+                offenders.append(f"{path.name}:{n}: {line.strip()}")
+    assert offenders == []
+
+
 def test_success_is_the_same_envelope_everywhere(world):
     runner = CliRunner()
     docs = {}
@@ -170,7 +196,7 @@ def test_fingerprint_out_creates_its_directory_and_install_reads_it(world):
     fp = world["tmp"] / "new" / "dir" / "fp.json"
     r = CliRunner().invoke(main, ["fingerprint", "--target", "sm_90", "--out", str(fp)])
     assert r.exit_code == 0 and r.stdout.startswith(f"wrote {fp}")
-    assert json.loads(fp.read_text())["fingerprint"]["target"] == "cuda:90"
+    assert json.loads(fp.read_text())["target"] == "cuda:90"  # the fingerprint itself
     r = CliRunner().invoke(main, ["install", str(world["art"]), "--to", str(world["tmp"] / "c"),
                                   "--fingerprint", str(fp)])
     assert r.exit_code == 0, r.output
@@ -269,6 +295,27 @@ def test_ctrl_c_in_a_light_command_is_130(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("cachebake: error: interrupted")
     shutil.rmtree(to)
+
+
+@pytest.mark.parametrize("module", ["click", "cachebake.cli.app", "cachebake.cli.params"])
+def test_ctrl_c_while_the_command_line_is_still_importing_is_one_line(module):
+    """A real SIGINT, sent the moment MODULE is imported on the way to the CLI (the window a
+    Ctrl-C right after Enter lands in): exit 130 and one line, never a KeyboardInterrupt
+    traceback from an import."""
+    prog = ("import builtins, os, signal, sys\n"
+            "real = builtins.__import__\n"
+            "def importing(name, *a, **kw):\n"
+            "    if name == sys.argv[1]:\n"
+            "        builtins.__import__ = real\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *a, **kw)\n"
+            "builtins.__import__ = importing\n"
+            "from cachebake.cli import main\n"
+            "sys.exit(main(['recipes']))\n")
+    r = subprocess.run([sys.executable, "-c", prog, module], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+    assert r.returncode == 130 and r.stdout == "", r.stderr
+    assert r.stderr == "cachebake: error: interrupted: stopped while starting; nothing was done\n"
 
 
 @pytest.mark.parametrize("blocked,code,says", [

@@ -57,7 +57,7 @@ def test_light_commands_import_neither_torch_nor_vllm(trap, triton_cache, tmp_pa
         assert r.returncode == 0, (args, r.stderr)
         assert not (tmp_path / "imported.txt").exists(), (args, (tmp_path / "imported.txt").read_text())
         assert "Traceback" not in r.stderr
-    assert json.loads((tmp_path / "fp.json").read_text())["fingerprint"]["target"] == "cuda:90"
+    assert json.loads((tmp_path / "fp.json").read_text())["target"] == "cuda:90"
 
 
 def test_the_trap_springs(trap, tmp_path):

@@ -37,10 +37,13 @@ def _hostile_artifact(tmp_path):
     inventory = {"kernels": [{"name": HOSTILE_NAME, "key_dir": "k\x1b[1m", "target": "cuda:90"}],
                  "autotune": [], "helpers": [],
                  "dropped": [{"path": "p\x1b[1m[/]", "reason": "[blink]r\x07"}], "other_files": {}}
-    # the bake section is the driver's: checked only as an object, so fields of any type
+    # the bake section's own fields are typed (BakeRecord: a wrong type is exit 5, tested in
+    # test_artifact_manifest.py); here every string it holds is hostile text, and what a fold
+    # records inside its entry is of any type
     bake = {"driver": "[/x]\x1b[5m", "events": [{"kind": "compile", "kernel": HOSTILE_NAME,
-                                                 "step": "[link=x]s\x1b[2J"}, 7, "x"],
-            "folded": "x", "unverified_on_target": ["x"], "rounds": "[/]\x1b[0m"}
+                                                 "step": "[link=x]s\x1b[2J"}],
+            "folded": [{"kernels": "x", "autotune": 7, "failed": None, "logs": "[/]\x1b[0m"}],
+            "unverified_on_target": {"how": "[blink]\x1b[5m"}, "rounds": 2}
     return badlayers.artifact_from_entries(tmp_path / "art", entries, fp,
                                            manifest_overrides={"inventory": inventory, "bake": bake})
 

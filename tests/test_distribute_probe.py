@@ -24,7 +24,7 @@ def test_the_copy_writes_this_environments_fingerprint(tmp_path):
     r = _probe(lib, tmp_path / "fp.json")
     assert r.returncode == 0, r.stderr
     written = json.loads((tmp_path / "fp.json").read_text())
-    here = current_fingerprint("sm_90").to_dict()
+    here = current_fingerprint("sm_90").to_json()
     assert {k: written[k] for k in ("target", "triton_key", "python_tag", "ptxas")} == \
            {k: here[k] for k in ("target", "triton_key", "python_tag", "ptxas")}
 

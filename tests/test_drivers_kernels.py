@@ -15,7 +15,7 @@ from cachebake.drivers.engine_classes import plan_steps
 from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes
 from cachebake.drivers.kernels import check_plan_matches
 from cachebake.drivers.mamba_metadata import build_metadata, chunk_metadata
-from cachebake.errors import BadInput, ExitCode
+from cachebake.errors import BadInput, ExitCode, UsageError
 from cachebake.plan.store import load_store, stored_plan
 from cachebake.recipes import list_recipes, load_recipe
 
@@ -182,7 +182,7 @@ def test_a_plan_file_reaches_the_driver(tmp_path):
         load_plan("nemotron-h", plan=str(path))
     with pytest.raises(BadInput, match="max_num_seqs 256 \\(plan\\) vs 64 \\(bake\\)"):
         load_plan("zamba2", serve_args={"max_num_seqs": 64}, plan=str(path))
-    with pytest.raises(BadInput, match="for --driver kernels"):
+    with pytest.raises(UsageError, match="for --driver kernels"):
         make_driver("vllm", None, model="zamba2", plan=str(path))
     with pytest.raises(BadInput, match="no such engine plan"):
         make_driver("kernels", None, model="zamba2", plan=str(tmp_path / "nope.json"))

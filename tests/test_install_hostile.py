@@ -21,7 +21,8 @@ import zstandard
 
 import badlayers
 from badlayers import Entry, pad, raw_dir, raw_file, raw_tar, ustar_header
-from installkit import INSTALL_PYTHON, cli, current_fingerprint_dict, env_with, resolved_view, tree_state
+from installkit import (INSTALL_PYTHON, Checkpoints, cli, current_fingerprint_dict, env_with, resolved_view,
+                        spawn_install, tree_state)
 
 from cachebake.errors import ExitCode
 
@@ -535,7 +536,7 @@ def test_11_a_damaged_tree_is_reported_then_repaired(site, damage):
     again = cli("install", site.good, "--to", site.to, "--fingerprint", site.fp_file)
     assert again.returncode == 0 and again.stdout.startswith("already installed"), again.stdout
     from cachebake.install.atomic import InstallDir
-    assert InstallDir(site.to).installed()["layer_digest"] == json.loads(r.stdout)["layer_digest"]
+    assert InstallDir(site.to).installed().layer_digest == json.loads(r.stdout)["layer_digest"]
 
 
 def test_11_check_only_writes_nothing_and_refuses_what_install_refuses(site):
@@ -554,17 +555,18 @@ def test_12_sigint_exits_130_and_says_whether_the_switch_happened(site, when, tm
     new = badlayers.artifact_from_entries(site.tmp / "art", GOOD + [Entry(f"triton/{KEY}/new", data=b"n")], site.fp)
     old_view = resolved_view(site.to / "triton")
     # count the checkpoints of an install of `new` into a copy, to find the switch's
-    from cachebake.install import atomic, install_artifact
+    from cachebake.install import install_artifact
 
     probe = tmp_path / "probe"
     shutil.copytree(site.to, probe, symlinks=True)
-    n0 = atomic.checkpoints_passed()
-    install_artifact(new, probe, fingerprint_file=str(site.fp_file))
-    total = atomic.checkpoints_passed() - n0
+    steps = Checkpoints()
+    install_artifact(new, probe, fingerprint_file=str(site.fp_file), checkpoint=steps)
+    total = steps.passed
     new_view = resolved_view(probe / "triton")
     at = 2 if when == "before_switch" else total  # "locked" is first, "switched" is last
-    r = cli("install", new, "--to", site.to, "--fingerprint", site.fp_file,
-            env=env_with(CACHEBAKE_TEST_KILL_AT=at, CACHEBAKE_TEST_SIGNAL="INT"))
+    p = spawn_install(new, "--to", site.to, "--fingerprint", site.fp_file, kill_at=at, signal="INT")
+    _, stderr = p.communicate()
+    r = subprocess.CompletedProcess(p.args, p.returncode, "", stderr)
     assert r.returncode == 130, r.stderr
     assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
     if when == "before_switch":

@@ -113,14 +113,14 @@ def test_unknown_root_leaves_the_role_out_and_triton_still_hits(tmp_path, triton
     assert not os.path.lexists(to / "vllm")
     assert not (to / ".cachebake" / "current" / "vllm").exists()
     assert compile_kernels(report["env"]["TRITON_CACHE_DIR"])["misses"] == 0
-    assert InstallDir(to).installed()["left_out"] == report["left_out"]
+    assert InstallDir(to).installed().left_out == report["left_out"]
     again = json.loads(cli("install", art, "--to", to, "--target", "sm_90", "--json", check=True).stdout)
     assert again["status"] == "already installed" and again["left_out"] == report["left_out"]
     assert again["roles"] == ["triton"]
 
     from cachebake.bake.verify import VerifyReport
     v = VerifyReport(cache=str(to), roles=["triton"], round=None,
-                     left_out=InstallDir(to).installed()["left_out"])
+                     left_out=InstallDir(to).installed().left_out)
     assert v.warnings() == [f"the vllm role was left out at install ({report['left_out']['vllm']}): "
                             "this round ran without it"]
 

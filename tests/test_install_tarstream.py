@@ -104,7 +104,7 @@ def test_extract_to_writes_a_good_layer_and_removes_a_refused_one(tmp_path):
                    badlayers.Entry("triton/K/f", data=b"data"), *extra]
         art = Artifact(badlayers.artifact_from_entries(tmp_path / name, entries, fp))
         bake = art.select("sm_90")
-        limits = extract.LayerLimits.from_manifest(bake.manifest.to_dict(), bake.layer_size)
+        limits = extract.LayerLimits.from_manifest(bake.manifest, bake.layer_size)
         dest = tmp_path / f"{name}-out"
         with art.open_layer(bake) as stream:
             if ok:

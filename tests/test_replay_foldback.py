@@ -113,7 +113,7 @@ def test_fold_then_hit_at_another_path(base, served, tmp_path):
     assert len(bake.manifest.inventory.kernels) == len(old.manifest.inventory.kernels) + 3
     assert bake.manifest.fingerprint == old.manifest.fingerprint
     assert {a.key_dir for a in bake.manifest.inventory.autotune} >= {f"triton/{served['autotune_key']}"}
-    (folded,) = bake.manifest.bake["folded"]
+    (folded,) = bake.manifest.bake.folded
     assert folded["base_layer_digest"] == old.layer_digest and len(folded["kernels"]) == 3
 
     # The launcher helpers were built here: the logged cuda_utils miss is in the artifact, and

@@ -276,9 +276,9 @@ def test_verify_fails_when_torch_compile_did_not_load():
 
 def test_check_only_options(tmp_path):
     r = cli("verify", "--check-only", "--cache", tmp_path, "--driver", "vllm")
-    assert r.returncode == ExitCode.BAD_INPUT and "no round runs with --check-only" in r.stderr
+    assert r.returncode == ExitCode.USAGE and "no round runs with --check-only" in r.stderr  # options that do not mix
     r = cli("verify", "--cache", tmp_path, "--model-ref", "x")
-    assert r.returncode == ExitCode.BAD_INPUT and "are for --check-only" in r.stderr
+    assert r.returncode == ExitCode.USAGE and "are for --check-only" in r.stderr
     r = cli("verify", "--check-only", "--cache", tmp_path)
     assert r.returncode == ExitCode.BAD_INPUT and "no vllm role here" in r.stderr
 

@@ -20,52 +20,82 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import json
 import os
 import sys
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from cachebake.errors import BadInput
+from cachebake import jsonio
+from cachebake.artifact import schema
+from cachebake.errors import BadInput, InvalidDocument
 from cachebake.gpu import resolve_target
 
 
-@dataclass
+# The string fields of a fingerprint, each a version, a hash or a name (None: unknown here).
+_TEXT_FIELDS = ("triton_version", "triton_key", "python_tag", "ptxas", "gpu_name", "torch_version",
+                "vllm_version")
+_MAP_FIELDS = ("env", "bake_paths")
+_MAX_FIELD = 64 << 10  # characters of one field: `ptxas --version` and Triton's key are ~1 kB
+
+
+@dataclass(frozen=True)
 class Fingerprint:
+    """The serving environment a bake hits in.  One JSON form (``to_json``): the manifest's
+    ``fingerprint`` section, and the very same object in the file ``cachebake fingerprint
+    --out`` writes (``write``) and ``install --fingerprint`` reads (``read``)."""
+
     target: str  # "cuda:90"
     triton_version: str | None = None
     triton_key: str | None = None
     python_tag: str | None = None  # cpython-312 + platform ABI: the wheel triton_key was hashed from
     ptxas: str | None = None  # the backend hash: full `ptxas --version` text + arch
     gpu_name: str | None = None  # None where no GPU was visible (e.g. --target on a CPU builder)
-    env: dict[str, str] = field(default_factory=dict)  # cache-invalidating vars that are set
+    env: Mapping[str, str] = field(default_factory=dict)  # cache-invalidating vars that are set
     torch_version: str | None = None
     vllm_version: str | None = None
-    bake_paths: dict[str, str] = field(default_factory=dict)  # role -> absolute path baked at
+    bake_paths: Mapping[str, str] = field(default_factory=dict)  # role -> absolute path baked at
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Fingerprint":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if "target" not in data:
-            raise BadInput("fingerprint has no 'target'")
-        # Fields we don't know come from a newer cachebake; ignoring them is safe because
-        # compare_fingerprints only reasons about fields it knows.
-        return cls(**{k: v for k, v in data.items() if k not in unknown})
+    def to_json(self) -> dict:
+        """The JSON object, every field present (None where unknown)."""
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        doc.update((key, dict(doc[key])) for key in _MAP_FIELDS)
+        return doc
 
     @classmethod
-    def load(cls, path: os.PathLike | str) -> "Fingerprint":
+    def from_json(cls, doc, document: str = "fingerprint", field: str = "") -> "Fingerprint":
+        """A fingerprint from untrusted JSON, its types checked (InvalidDocument naming
+        ``document`` and the field).  Fields we don't know come from a newer cachebake;
+        ignoring them is safe because compare_fingerprints only reasons about fields it knows."""
+        c = schema.Checker(document)
+        c.obj(doc, field)
+        where = (lambda key: f"{field}.{key}") if field else (lambda key: key)
+        values = {"target": c.string(c.get(doc, "target", field), where("target"), pattern=schema.TARGET_RE)}
+        for key in _TEXT_FIELDS:
+            values[key] = c.opt_str(doc.get(key), where(key), max_len=_MAX_FIELD)
+        for key in _MAP_FIELDS:
+            values[key] = dict(c.str_map(doc.get(key) or {}, where(key), max_len=_MAX_FIELD))
+        return cls(**values)
+
+    def write(self, path: os.PathLike | str) -> None:
+        """The fingerprint file, whole or not at all, mode 0644 (the serving image's user reads
+        it, whatever the umask); an error names ``path``."""
+        jsonio.write_json_atomic(path, self.to_json())
+
+    @classmethod
+    def read(cls, path: os.PathLike | str) -> "Fingerprint":
+        """The user's fingerprint file (exit 3 when it is unreadable or malformed), read with the
+        same bounds as an artifact's documents.  Also reads what ``cachebake fingerprint --out``
+        wrote before 0.2 (this object under ``fingerprint`` in the command's JSON envelope): one
+        key's look-up."""
+        name = f"fingerprint file {os.fspath(path)}"
         try:
-            data = json.loads(Path(path).read_text())
-        except OSError as e:
-            raise BadInput(f"cannot read fingerprint file {path}: {e.strerror}") from None
-        except ValueError as e:
-            raise BadInput(f"fingerprint file {path} is not JSON: {e}") from None
-        return cls.from_dict(data.get("fingerprint", data))
+            doc = jsonio.load_document(path, name, schema.CAP_FINGERPRINT, missing=BadInput)
+            if isinstance(doc, dict) and isinstance(doc.get("fingerprint"), dict):
+                doc = doc["fingerprint"]
+            return cls.from_json(doc, name)
+        except InvalidDocument as e:  # the user's file, not an artifact's: bad input
+            raise BadInput(e.line()) from None
 
 
 @dataclass(frozen=True)
@@ -80,7 +110,7 @@ class Mismatch:
 
 
 def _short(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = value if isinstance(value, str) else jsonio.dumps(value, sort_keys=True)
     text = " ".join(str(text).split())
     return text if len(text) <= 90 else text[:87] + "..."
 
@@ -115,14 +145,12 @@ def current_fingerprint(target: str | None = None, bake_paths: dict[str, str] | 
         from triton.runtime.cache import triton_key
     except ImportError:
         return fp  # no Triton here: compare against a fingerprint file from the serving image
-    fp.triton_version = triton.__version__
-    fp.triton_key = triton_key()
-    fp.env = dict(sorted(get_cache_invalidating_env_vars().items()))
     try:
-        fp.ptxas = make_backend(GPUTarget(spec.backend, spec.arch, spec.warp_size)).hash()
+        ptxas = make_backend(GPUTarget(spec.backend, spec.arch, spec.warp_size)).hash()
     except Exception as e:  # a target this Triton has no backend or assembler for
         raise BadInput(f"Triton {triton.__version__} cannot target {spec.key}: {e}") from None
-    return fp
+    return dataclasses.replace(fp, triton_version=triton.__version__, triton_key=triton_key(), ptxas=ptxas,
+                               env=dict(sorted(get_cache_invalidating_env_vars().items())))
 
 
 # field -> what happens at serve time when it differs

@@ -85,7 +85,7 @@ def add_image(layout: Path, bake: BakeManifest) -> dict:
     target = GPUTargetSpec.parse(bake.target)
     annotations = {
         ANN_TARGET: bake.target,
-        ANN_FINGERPRINT: jsonio.dumps(bake.fingerprint, sort_keys=True, separators=(",", ":")),
+        ANN_FINGERPRINT: jsonio.dumps(bake.fingerprint.to_json(), sort_keys=True, separators=(",", ":")),
         "org.opencontainers.image.title": f"cachebake {target.ref_name}",
         "org.opencontainers.image.description": "Triton/vLLM kernel cache baked by cachebake",
     }
@@ -109,8 +109,8 @@ def add_image(layout: Path, bake: BakeManifest) -> dict:
 
 def unverified_note(bake: BakeManifest) -> str | None:
     """How a bake made without a GPU of its target was made, or None for an ordinary bake."""
-    how = (bake.bake or {}).get("unverified_on_target")
-    if not isinstance(how, dict):
+    how = bake.bake.unverified_on_target
+    if how is None:
         return None
     built_on = how.get("built_on")
     return f"{how.get('how', 'unknown')}" + (f" on {built_on}" if built_on else "")

@@ -1,7 +1,9 @@
 """pack: snapshot -> manifest -> layer -> OCI layout, written whole or not at all.
 
-The artifact is built in a temporary sibling of ``--out`` and renamed into place at the end, so
-an interrupted or refused pack leaves ``--out`` as it was.  Packing into an existing artifact
+The artifact is built in a temporary sibling of ``--out`` and swapped into place at the end
+(one renameat2 RENAME_EXCHANGE when ``--out`` exists), so an interrupted, killed or refused pack
+leaves ``--out`` as it was or the new artifact, never neither; the next pack removes what a
+killed one left beside ``--out``.  Packing into an existing artifact
 adds (or replaces, and says so) this target's image and keeps the others: a build farm packs
 each GPU target on its own builder into one artifact.
 
@@ -12,21 +14,25 @@ there (or from the visible GPU for a cache without kernels).
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import errno
+import fcntl
 import os
+import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from cachebake import jsonio
 from cachebake.artifact import oci
 from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
-from cachebake.artifact.manifest import BakeManifest, Inventory, LayerFacts, build_inventory
+from cachebake.artifact.manifest import BakeManifest, BakeRecord, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
-from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
+from cachebake.errors import BadInput, CachebakeError, DeferredInterrupt, Interrupted, from_os_error
 from cachebake.gpu import GPUTargetSpec
 
 __all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport"]
@@ -41,6 +47,7 @@ class PackReport:
     manifest_digest: str
     targets: list[str]
     replaced_manifest_digest: str | None = None  # the image this pack replaced
+    cleaned: list[str] = field(default_factory=list)  # what killed packs into --out left beside it
 
     @property
     def layer_digest(self) -> str:
@@ -53,6 +60,8 @@ class PackReport:
              "manifest": self.manifest.to_dict()}
         if self.replaced_manifest_digest:
             d["replaced_manifest_digest"] = self.replaced_manifest_digest
+        if self.cleaned:
+            d["cleaned"] = list(self.cleaned)
         return d
 
 
@@ -103,36 +112,78 @@ def _pick_target(target: str | None, inventory: Inventory) -> str | None:
     return found[0] if found else None
 
 
+def no_checkpoint(_what: str = "") -> None:
+    """The default checkpoint: nothing happens between steps (the crash tests pass one that
+    kills the process at the n-th step, as install's do)."""
+
+
+class _Outcome:
+    """What a pack has done to ``--out`` so far, for the line a Ctrl-C or an OS error prints."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.swapped = False  # --out holds the new artifact
+
+    def left(self) -> str:
+        if self.swapped:
+            return f"{self.out} holds the new artifact: the pack had finished"
+        return f"nothing written: {self.out} is as it was"
+
+
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
-                  bake: dict | None = None, layer_root: str | None = None,
-                  prune_ir: bool = False, record=None, fingerprint_from: dict | None = None,
-                  progress: Callable[[int, int], Callable[[int], None]] | None = None) -> PackReport:
+                  bake: Mapping | None = None, layer_root: str | None = None,
+                  prune_ir: bool = False, record=None, fingerprint_from: Mapping | None = None,
+                  progress: Callable[[int, int], Callable[[int], None]] | None = None,
+                  checkpoint: Callable[[str], None] = no_checkpoint) -> PackReport:
     """Pack ``roots`` into ``out``.  ``progress(files, total_bytes)`` returns a per-file
     callback (bytes written); cachebake.cli.progress has one for terminals.
 
+    ``bake``: the bake section as its builder wrote it (build, replay, fold-back), typed here
+    (``BakeRecord.from_json``) before anything is written.
     ``record``: a cachebake.capture.record.CompileRecord to carry as its own blob.
     ``fingerprint_from``: fingerprint fields of the serving environment a bake was made for
     when this machine is not it (replay: torch/vllm versions, GPU name of the source bake; a
-    fold-back of serve-time misses keeps its base bake's)."""
+    fold-back of serve-time misses keeps its base bake's).
+    ``checkpoint``: called with the name of each step of the swap into ``out``."""
     out = check_out(out)
-    snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
-    inventory = build_inventory(snap)
-    # Fingerprint before writing: a target Triton cannot serve fails before any work.
-    fp = current_fingerprint(_pick_target(target, inventory), bake_paths=snap.roots)
-    for key, value in (fingerprint_from or {}).items():
-        setattr(fp, key, value)
+    outcome = _Outcome(out)
     try:
-        return _write(out, snap, fp, inventory, bake, record, progress)
+        bake_record = BakeRecord.from_json(dict(bake or {}), "the bake section to pack", "")
+        snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
+        inventory = build_inventory(snap)
+        # Fingerprint before writing: a target Triton cannot serve fails before any work.
+        fp = current_fingerprint(_pick_target(target, inventory), bake_paths=snap.roots)
+        fp = dataclasses.replace(fp, **dict(fingerprint_from or {}))
+        # From here Ctrl-C is taken between files and steps, where _Outcome knows what was
+        # left (errors.DeferredInterrupt: never swallowed in a finalizer)
+        with DeferredInterrupt() as interrupts:
+            return _write(out, snap, fp, inventory, bake_record, record, progress, outcome,
+                          _Steps(checkpoint, interrupts))
     except KeyboardInterrupt:
-        raise Interrupted(f"nothing written: {out} is as it was") from None
+        raise Interrupted(outcome.left()) from None
     except OSError as e:  # name the user's path, never our temp dir's
-        raise from_os_error(e, out, "cannot write the artifact") from None
+        raise from_os_error(e, out, "cannot write the artifact", hint=outcome.left()) from None
 
 
-def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
-           progress) -> PackReport:
+class _Steps:
+    def __init__(self, checkpoint: Callable[[str], None], interrupts: DeferredInterrupt):
+        self.checkpoint, self.interrupts = checkpoint, interrupts
+
+    def __call__(self, what: str) -> None:
+        self.checkpoint(what)
+        self.interrupts.check()
+
+
+def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
+           progress, outcome: _Outcome, step: _Steps) -> PackReport:
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    cleaned = clean_leftovers(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX % out.name}", dir=out.parent))
+    # Held until the swap: the next pack into ``out`` removes this dir only if no live pack
+    # holds it (flock(2) on a directory fd: released by the kernel when we die)
+    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    old = None
     try:
         existing: dict[str, dict] = {}
         summaries: dict[str, dict] = {}
@@ -150,7 +201,13 @@ def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
                 summaries[key] = _summary(ref.manifest, desc["digest"])
         blobs = tmp / "blobs" / "sha256"
         blobs.mkdir(parents=True, exist_ok=True)
-        on_file = progress(len(snap.files), snap.data_size) if progress is not None else None
+        shown = progress(len(snap.files), snap.data_size) if progress is not None else None
+
+        def on_file(n: int) -> None:
+            if shown is not None:
+                shown(n)
+            step.interrupts.check()
+
         with tempfile.NamedTemporaryFile(dir=blobs, delete=False, prefix=".layer-") as f:
             stats = LayerWriter(f).write(snap, on_file)
             f.flush()
@@ -161,23 +218,34 @@ def _write(out: Path, snap, fp, inventory: Inventory, bake: dict | None, record,
             digest, size = oci.write_blob(tmp, record.to_json())
             record_desc = oci.descriptor(record.media_type, digest, size)
         manifest = BakeManifest(
-            target=fp.target, fingerprint=fp.to_dict(), roles=snap.roles, layer_root=snap.layer_root,
+            target=fp.target, fingerprint=fp, roles=snap.roles, layer_root=snap.layer_root,
             layer=LayerFacts(media_type=LAYER_MEDIA_TYPE, diff_id=stats.diff_id, digest=stats.digest,
                              size=stats.size, tar_size=stats.tar_size,
                              uncompressed_size=stats.uncompressed_size, entries=stats.entries,
                              files=stats.files, compression=COMPRESSION),
-            inventory=inventory, bake=dict(bake or {}), record=record_desc)
+            inventory=inventory, bake=bake, record=record_desc)
         desc = oci.add_image(tmp, manifest)
         existing[fp.target] = desc
         summaries[fp.target] = _summary(manifest, desc["digest"])
         oci.write_index(tmp, list(existing.values()), summaries)
         _world_readable(tmp)
         _fsync_tree(tmp)
-        _swap_into_place(tmp, out)
+        step("written")
+        old = _swap_into_place(tmp, out, outcome, step)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not outcome.swapped:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PackReport(status, out, fp.target, manifest, desc["digest"], sorted(existing), replaced)
+    finally:
+        os.close(lock_fd)
+    try:
+        step("swapped")
+    finally:  # the artifact --out held before, even on Ctrl-C; a kill leaves it to the next pack
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    step("old-removed")
+    return PackReport(status, out, fp.target, manifest, desc["digest"], sorted(existing), replaced,
+                      cleaned=cleaned)
 
 
 def _summary(manifest: BakeManifest, manifest_digest: str) -> dict:
@@ -185,7 +253,8 @@ def _summary(manifest: BakeManifest, manifest_digest: str) -> dict:
 
 
 def _copy_image(src: Path, dst: Path, desc: dict, ref) -> None:
-    manifest = json.loads(oci.blob_path(src, desc["digest"]).read_bytes())
+    # the image manifest, verified against its digest by ``old.select`` a moment ago
+    manifest = jsonio.parse_json(oci.blob_path(src, desc["digest"]).read_bytes(), "image manifest")
     extra = [ref.manifest.record] if ref.manifest.record else []  # the compile record's blob
     for d in (desc, manifest["config"], *manifest["layers"], *extra):
         target = oci.blob_path(dst, d["digest"])
@@ -214,18 +283,91 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished artifact to ``out``.  An existing artifact is moved aside first and
-    removed after; if the final rename fails it is moved back."""
-    if not out.exists():
+# The siblings of --out a pack makes: its temp dir (the new artifact, then the old one after
+# the exchange) and, from cachebake 0.1 or without RENAME_EXCHANGE, the old artifact set aside.
+_TMP_PREFIX = ".%s.tmp-"
+_OLD_PREFIX = ".%s.old-"
+
+
+def clean_leftovers(out: Path) -> list[str]:
+    """Remove what killed packs into ``out`` left beside it; returns their names.  A temp dir
+    is ours to remove once no live pack holds its flock; an old artifact set aside by a pack
+    killed between its two renames is put back when ``out`` is missing (else removed)."""
+    removed = []
+    try:
+        names = sorted(os.listdir(out.parent))
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if not name.startswith((_TMP_PREFIX % out.name, _OLD_PREFIX % out.name)):
+            continue
+        path = out.parent / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # not a directory, or gone: not a pack's
+            continue
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a pack in progress
+            if name.startswith(_OLD_PREFIX % out.name) and not os.path.lexists(out) and oci.is_artifact(path):
+                os.rename(path, out)
+                removed.append(f"{name} (put back as {out.name})")
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _swap_into_place(tmp: Path, out: Path, outcome: _Outcome, step: _Steps) -> Path | None:
+    """Make the finished artifact ``out``; returns where the artifact ``out`` held before now
+    is (for the caller to remove), or None.  An existing ``out`` is exchanged with ``tmp`` in
+    one renameat2(RENAME_EXCHANGE): at every moment ``out`` is the old artifact or the new
+    one.  Where the kernel or filesystem lacks it, two renames, and a kill between them
+    leaves the old artifact beside ``out``, which the next pack puts back."""
+    if not os.path.lexists(out):
         os.rename(tmp, out)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.rmdir(aside)
+        outcome.swapped = True
+        return None
+    if _rename_exchange(tmp, out):
+        outcome.swapped = True
+        return tmp
+    aside = out.parent / f"{_OLD_PREFIX % out.name}{secrets.token_hex(4)}"
     os.rename(out, aside)
     try:
+        step("aside")
         os.rename(tmp, out)
-    except OSError as e:
+    except BaseException as e:  # Ctrl-C between the renames too: the old artifact goes back
         os.rename(aside, out)
-        raise CachebakeError(f"could not move the new artifact into {out}: {e.strerror}") from None
-    shutil.rmtree(aside, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CachebakeError(f"could not move the new artifact into {out}: {e.strerror}") from None
+        raise
+    outcome.swapped = True
+    return aside
+
+
+# renameat2(2) flag (linux/fs.h).  install/fsops.py calls renameat2 with RENAME_NOREPLACE; pack
+# is an earlier room and cannot import it, hence this one call of its own.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically; False where renameat2 or RENAME_EXCHANGE is missing
+    (glibc < 2.28, Linux < 3.15, a filesystem without it), an OSError for anything else."""
+    import ctypes
+
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))

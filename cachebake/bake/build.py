@@ -129,6 +129,7 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
             else:
                 warnings.warn(note, stacklevel=2)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
+    packed = None
     try:
         work.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():  # shown once, below, through ``warn``
@@ -168,4 +169,9 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed)
     finally:
         if not work_dir:
-            shutil.rmtree(work, ignore_errors=True)
+            try:
+                shutil.rmtree(work, ignore_errors=True)
+            except KeyboardInterrupt:  # after the pack: say it is there
+                if packed is None:
+                    raise
+                raise Interrupted(f"the bake is packed in {plan.out}; its work dir {work} may be left") from None

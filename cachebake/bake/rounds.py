@@ -26,7 +26,7 @@ from typing import Protocol
 
 from cachebake.capture.env import MONITOR_LOG_ENV, ROUND_ENV, BakeEnv
 from cachebake.capture.events import WORK_KINDS, Event, EventSummary, EventTail, read_events
-from cachebake.errors import BadInput, CommandFailed, NotStable
+from cachebake.errors import BadInput, CommandFailed, NotStable, UsageError
 
 DEFAULT_MAX_ROUNDS = 6
 DEFAULT_QUIET_ROUNDS = 2
@@ -207,9 +207,9 @@ def _event_record(e: Event) -> dict:
 
 def check_round_options(max_rounds: int, quiet_rounds: int, until_stable: bool) -> None:
     if max_rounds < 1 or quiet_rounds < 1:
-        raise BadInput("--max-rounds and --quiet-rounds must be at least 1")
+        raise UsageError("--max-rounds and --quiet-rounds must be at least 1")
     if until_stable and max_rounds < quiet_rounds:
-        raise BadInput(f"--max-rounds {max_rounds} is less than --quiet-rounds {quiet_rounds}: "
+        raise UsageError(f"--max-rounds {max_rounds} is less than --quiet-rounds {quiet_rounds}: "
                        "the bake could never be called stable")
 
 

@@ -131,10 +131,10 @@ def verify(driver: Driver, cache: os.PathLike | str, *, work_dir: os.PathLike | 
         if progress is not None:
             progress.end_round(rnd)
         check_round(rnd, driver, progress, keep_logs=work_dir is not None, what="verify round")
-        marker = InstallDir(cache).installed() or {}
+        marker = InstallDir(cache).installed()
         return VerifyReport(cache=cache, roles=roles, round=rnd, work=work_events(events_path),
                             invalidating=benv.invalidating,
-                            left_out=dict(marker.get("left_out") or {}),
+                            left_out=dict(marker.left_out) if marker else {},
                             torch_compile=_torch_compile(driver, work, rnd))
     finally:
         if not work_dir:

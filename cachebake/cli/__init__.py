@@ -7,8 +7,14 @@ envelope for scripts (``output``); option values are converted and refused at pa
 (``params``); progress goes to stderr (``progress``).
 """
 
-from cachebake.cli import (artifact, bake, distribute, install, recipes, replay,  # noqa: F401,E402
-                           serve)
-from cachebake.cli.app import main
+try:
+    from cachebake.cli import (artifact, bake, distribute, install, recipes, replay,  # noqa: F401,E402
+                               serve)
+    from cachebake.cli.app import main
+except KeyboardInterrupt:  # Ctrl-C while the command line is still being imported: one line
+    from cachebake.errors import ExitCode, Interrupted, print_error
+
+    print_error(Interrupted("stopped while starting; nothing was done"))
+    raise SystemExit(int(ExitCode.INTERRUPTED)) from None
 
 __all__ = ["main"]

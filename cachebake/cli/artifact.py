@@ -7,9 +7,8 @@ import os
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
-from cachebake.cli.output import envelope
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, ROLE_DIR
-from cachebake.errors import from_os_error
+from cachebake.errors import Interrupted
 
 
 @main.command()
@@ -26,14 +25,21 @@ from cachebake.errors import from_os_error
 @JSON_OPTION
 def pack(roots, out, target, layer_root, prune_ir, as_json):
     """Pack cache directories (triton=, vllm=, flashinfer=, inductor=) into an artifact."""
-    from cachebake.artifact.pack import pack_artifact
-    from cachebake.cli.progress import PackProgress
-    from cachebake.cli.render import render_pack
+    out_ = output(as_json)
+    report = None
+    try:
+        from cachebake.artifact.pack import pack_artifact
+        from cachebake.cli.progress import PackProgress
+        from cachebake.cli.render import render_pack
 
-    with PackProgress() as bar:
-        report = pack_artifact(list(roots), out, target=target, layer_root=layer_root,
-                               prune_ir=prune_ir, progress=bar.factory)
-    output(as_json).emit(report, render=render_pack)
+        with PackProgress(out_.err_console) as bar:
+            report = pack_artifact(list(roots), out, target=target, layer_root=layer_root,
+                                   prune_ir=prune_ir, progress=bar.factory)
+        out_.emit(report, render=render_pack)
+    except KeyboardInterrupt:  # outside pack_artifact, which says what it left itself
+        if report is None:
+            raise Interrupted(f"nothing written: {os.path.abspath(out)} is as it was") from None
+        raise Interrupted(f"{report.out} holds the new artifact; only its report was cut short") from None
 
 
 @main.command()
@@ -53,7 +59,7 @@ def inspect(artifact, target, as_json):
 @main.command()
 @click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
 @click.option("--out", type=click.Path(dir_okay=False),
-              help="Also write the fingerprint document (as --json prints it) to this file.")
+              help="Also write the fingerprint (what `install --fingerprint` reads) to this file.")
 @click.option("--gpu-from-torch", is_flag=True,
               help="When nvidia-smi and NVML find no GPU, ask torch (through Triton's driver); "
                    "imports torch, seconds.")
@@ -68,28 +74,5 @@ def fingerprint(target, out, gpu_from_torch, as_json):
     report = FingerprintReport(current_fingerprint(target, allow_torch=gpu_from_torch))
     if out is not None:
         report.out = os.path.abspath(out)
-        _write_document(report.out, envelope("fingerprint", True, report.to_dict()))
+        report.fingerprint.write(report.out)
     output(as_json).emit(report, render=render_fingerprint)
-
-
-def _write_document(path: str, doc: dict) -> None:
-    """Write a JSON document whole or not at all, naming ``path`` (never a temp name) on error."""
-    import json
-    import tempfile
-
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    except OSError as e:
-        raise from_os_error(e, path, "cannot write") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)  # read by the serving image's user, whatever the umask
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise from_os_error(e, path, "cannot write") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise

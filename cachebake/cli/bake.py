@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from cachebake.bake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT, SERVE_ARGS
 from cachebake.cli.replay import ALLOW_MODULE_OPTION
+from cachebake.errors import Interrupted
 
 _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve args), kernels "
                 "(vLLM's Mamba2 Triton ops at the model's shapes), or command (the CMD after --). "
@@ -73,9 +76,7 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
         raise click.UsageError("--allow-module is for --seed (the modules its record may name)")
     if image:
         if seed or jobs or retune or gpu_name or plan_file:
-            from cachebake.errors import BadInput
-
-            raise BadInput("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
+            raise click.UsageError("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
         _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
                         model=model, driver=driver, tp=tp, serve_args=serve_args,
                         model_dir=model_dir, target=target, until_stable=until_stable,
@@ -83,35 +84,42 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
                         allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
                         as_json=as_json, cmd=cmd)
         return
-    from cachebake.bake.build import build as run_build
-    from cachebake.cli.progress import PackProgress, RoundProgress
-    from cachebake.cli.render import render_build
-    from cachebake.drivers.registry import make_driver
-    from cachebake.roles import DEFAULT_ROOT
-
     out_ = output(as_json)
-    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
-                      plan=plan_file)
-    with PackProgress() as bar:
-        report = run_build(drv, out=out or default_out(model), root=root or DEFAULT_ROOT,
-                           target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
-                           until_stable=until_stable, reuse_root=reuse_root,
-                           allow_invalidating=allow_env, work_dir=work_dir,
-                           progress=RoundProgress(verb="bake"), warn=out_.warn,
-                           layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
-                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
-                           allow_modules=allow_modules)
-    out_.emit(report, render=render_build)
+    out = out or default_out(model)
+    report = None
+    try:
+        from cachebake.bake.build import build as run_build
+        from cachebake.cli.progress import PackProgress, RoundProgress
+        from cachebake.cli.render import render_build
+        from cachebake.drivers.registry import make_driver
+        from cachebake.roles import DEFAULT_ROOT
+
+        drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
+                          plan=plan_file)
+        with PackProgress(out_.err_console) as bar:
+            report = run_build(drv, out=out, root=root or DEFAULT_ROOT,
+                               target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                               until_stable=until_stable, reuse_root=reuse_root,
+                               allow_invalidating=allow_env, work_dir=work_dir,
+                               progress=RoundProgress(out_.err_console, verb="bake"), warn=out_.warn,
+                               layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
+                               seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
+                               allow_modules=allow_modules)
+        out_.emit(report, render=render_build)
+    except KeyboardInterrupt:  # outside the rounds and the pack, which say what they left
+        if report is None:
+            raise Interrupted(f"the bake was stopped; nothing was packed and {os.path.abspath(out)} "
+                              "is as it was") from None
+        raise Interrupted(f"the bake is packed in {report.plan.out}; only its report was cut short") from None
 
 
 def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
     """``build --image``: the same bake, run by the cachebake inside ``image``."""
     from cachebake.distribute.image import build_args, plan_bake_in_image, run_bake_in_image
-    from cachebake.errors import BadInput
     from cachebake.roles import DEFAULT_ROOT
 
     if work_dir:
-        raise BadInput("--work-dir does not apply with --image (logs stay next to --out on failure)")
+        raise click.UsageError("--work-dir does not apply with --image (logs stay next to --out on failure)")
     plan = plan_bake_in_image(image, build_args(**build_options), out=out,
                               root=str(root or DEFAULT_ROOT), gpus=gpus)
     run_bake_in_image(plan)
@@ -147,31 +155,28 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only
     if check_only:
         from cachebake.bake.verify import check_only as run_check
         from cachebake.cli.render import render_compile_check
-        from cachebake.errors import BadInput
 
         given = [n for n, v in (("--model", model), ("--driver", driver), ("--tp", tp),
                                 ("--serve-args", serve_args), ("--model-dir", model_dir),
                                 ("--work-dir", work_dir)) if v]
         if given:
-            raise BadInput(f"{', '.join(given)}: no round runs with --check-only (give the "
-                           "server's model with --model-ref and its flags after --)")
+            raise click.UsageError(f"{', '.join(given)}: no round runs with --check-only (give the "
+                                   "server's model with --model-ref and its flags after --)")
         report = run_check(cache, artifact=artifact, target=target, model_ref=model_ref,
                            server_argv=list(cmd) if cmd else None)
         output(as_json).emit(report, render=render_compile_check)
         report.check()
         return
     if artifact or target or model_ref:
-        from cachebake.errors import BadInput
-
-        raise BadInput("--artifact, --target and --model-ref are for --check-only")
+        raise click.UsageError("--artifact, --target and --model-ref are for --check-only")
     from cachebake.bake.verify import verify as run_verify
     from cachebake.cli.progress import RoundProgress
     from cachebake.cli.render import render_verify
     from cachebake.drivers.registry import make_driver
 
-    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
-    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(verb="verify"))
     out = output(as_json)
+    drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
+    report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(out.err_console, verb="verify"))
     for line in report.warnings():
         out.warn(line)
     out.emit(report, render=render_verify)

@@ -107,6 +107,7 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
 
         plan.compile_env = identity_serve_env(read_manifest(source, target).get("bake") or {})
     doc, notes = manifest(plan)
-    output(as_json).emit(ManifestReport(render(doc, notes, fmt), doc, notes))
+    out = output(as_json)
+    out.emit(ManifestReport(render(doc, notes, fmt), doc, notes))
     for note in notes:
-        click.echo(f"cachebake: note: {one_line(note)}", err=True)  # as the YAML comment has it
+        out.note(one_line(note))  # as the YAML comment has it

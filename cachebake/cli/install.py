@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS, POSITIVE_SECONDS
 from cachebake.distribute.registry import STALL_MIN_BYTES, STALL_TIMEOUT_S
+from cachebake.errors import Interrupted
 
 
 @main.command()
@@ -43,21 +46,27 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
             tls_verify, authfile, stall_timeout, check_only, sync, as_json):
     """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
     ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
-    from cachebake.cli.render import render_install
-    from cachebake.distribute import registry
-    from cachebake.install import install_artifact
-
     out = output(as_json)
-    options = dict(target=target, fingerprint_file=fingerprint_file, allow_mismatch=allow_mismatch,
-                   serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay,
-                   check_only=check_only, sync=sync)
-    if registry.is_reference(artifact):
-        report = registry.install_reference(
-            artifact, to, options=registry.RegistryOptions(tls_verify, authfile, stall_timeout), **options)
-    else:
-        report = install_artifact(artifact, to, **options)
-    for line in report.mismatches:
-        out.warn(f"{line} (installed anyway: --allow-mismatch)")
-    for line in report.warnings:
-        out.warn(line)
-    out.emit(report, render=render_install)
+    report = None
+    try:
+        from cachebake.cli.render import render_install
+        from cachebake.distribute import registry
+        from cachebake.install import install_artifact
+
+        options = dict(target=target, fingerprint_file=fingerprint_file, allow_mismatch=allow_mismatch,
+                       serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay,
+                       check_only=check_only, sync=sync)
+        if registry.is_reference(artifact):
+            report = registry.install_reference(
+                artifact, to, options=registry.RegistryOptions(tls_verify, authfile, stall_timeout), **options)
+        else:
+            report = install_artifact(artifact, to, **options)
+        for line in report.mismatches:
+            out.warn(f"{line} (installed anyway: --allow-mismatch)")
+        for line in report.warnings:
+            out.warn(line)
+        out.emit(report, render=render_install)
+    except KeyboardInterrupt:  # outside install_artifact, which says what it left itself
+        if report is None:
+            raise Interrupted(f"nothing was installed; {os.path.abspath(to)} holds what it held before") from None
+        raise Interrupted(f"{report.status}: {report.to}; only its report was cut short") from None

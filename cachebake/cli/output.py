@@ -10,7 +10,11 @@ success or failure, in the same envelope::
      "error": {"code": 6, "kind": "unsafe-artifact", "message": "..."}}
 
 Field names are shared across commands (``layer_digest``, ``manifest_digest``, ``target``).
-Warnings and progress go to stderr, never into the JSON on stdout.
+
+The Output owns stderr as well: errors (``error``, through cachebake.errors.print_error),
+warnings (``warn``), notes (``note``), progress lines (``progress``) and the live progress of
+cachebake.cli.progress (``err_console``); no command writes cachebake's lines to stderr another
+way.  None of it goes into the JSON on stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Protocol
 
+from cachebake.errors import print_error
 from cachebake.jsonio import dumps
 
 ENVELOPE_VERSION = 1
@@ -84,15 +89,20 @@ class Output:
 
     def warn(self, text: str) -> None:
         """A warning line on stderr (never on stdout, which may be JSON)."""
-        self.err_console.print(f"cachebake: warning: {text}", markup=False)
+        self.err_console.print(f"cachebake: warning: {text}", markup=False, highlight=False)
+
+    def note(self, text: str) -> None:
+        """Something the user should know that is not a problem (k8s: an assumption made)."""
+        self.err_console.print(f"cachebake: note: {text}", markup=False, highlight=False)
+
+    def progress(self, line: str) -> None:
+        """One line of a long command's progress (replay's compiles), as it happens."""
+        self.err_console.print(line, markup=False, highlight=False)
 
     def error(self, err) -> None:
         """A ``CachebakeError`` as one line on stderr, and under ``--json`` as the envelope on
         stdout too (scripts read stdout; people read stderr)."""
-        sys.stderr.write(f"cachebake: error: {err.line()}\n")
-        for line in err.details():
-            sys.stderr.write(f"  {line}\n")
-        sys.stderr.flush()
+        print_error(err, sys.stderr)
         if self.as_json and not self.emitted:
             self.print_json(envelope(self.command, False, {"error": err.to_dict()}))
 

@@ -1,5 +1,8 @@
 """Live progress on stderr (rich): build and verify rounds, and pack's bytes.
 
+Both draw on the command's Output's stderr console (cachebake.cli.output: the Output owns
+stderr), so a warning printed mid-round lands above the live line, not through it.
+
 A cold vLLM warmup compiles for minutes; the operator should see which round is running, how
 many kernels compiled or hit so far, and the last kernel, rather than a silent terminal.  On a
 non-terminal stderr (CI logs) only the one-line round summaries are printed.  Packing a large
@@ -16,8 +19,8 @@ from cachebake.capture.events import Event
 
 
 class RoundProgress:
-    def __init__(self, console: Console | None = None, verb: str = "bake"):
-        self.console = console or Console(stderr=True)
+    def __init__(self, console: Console, verb: str = "bake"):
+        self.console = console
         self.verb = verb
         self.status = None
         self.counts = {"compile": 0, "cache_hit": 0, "autotune": 0, "helper_build": 0}
@@ -83,8 +86,8 @@ class PackProgress:
     elsewhere (a pipe, a log, TERM=dumb), so nothing is drawn there.  Use as a context manager: the bar is
     removed whatever happens."""
 
-    def __init__(self, console: Console | None = None, label: str = "packing"):
-        self.console = console or Console(stderr=True)
+    def __init__(self, console: Console, label: str = "packing"):
+        self.console = console
         self.label = label
         self._bar = None
 

@@ -60,13 +60,10 @@ class _Fields:
             console.print(f"  {label:<{width}}  {safe(value)}", soft_wrap=True)
 
 
-def _obj(value) -> dict:
-    """``value`` if it is an object, else empty: the bake section is checked only as an object
-    (its fields are the driver's), so a field of another type shows as absent, never a crash."""
-    return value if isinstance(value, dict) else {}
-
-
 def _items(value) -> list:
+    """``value`` if it is a list, else empty: BakeRecord types the bake section's own fields
+    (cachebake.artifact.manifest: a wrong type is refused, exit 5), not what a fold records
+    inside each of its entries, so those are read defensively: absent, never a crash."""
     return value if isinstance(value, list) else []
 
 
@@ -94,30 +91,30 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
               f"{m.layer.compression}; every blob verified")
     t.add_row("roles", ", ".join(m.roles) + f"  (layer root {m.layer_root})")
     for key in ("triton_version", "python_tag", "gpu_name", "torch_version", "vllm_version"):
-        t.add_row(key, _text(fp.get(key)))
-    t.add_row("triton_key", _long(fp.get("triton_key")))
-    t.add_row("ptxas", _text(" ".join(str(fp.get("ptxas") or "").split()) or None))
-    t.add_row("env", ", ".join(f"{k}={v}" for k, v in (fp.get("env") or {}).items()) or "(none set)")
-    t.add_row("baked at", _text(", ".join(f"{k}={v}" for k, v in (fp.get("bake_paths") or {}).items())))
+        t.add_row(key, _text(getattr(fp, key)))
+    t.add_row("triton_key", _long(fp.triton_key))
+    t.add_row("ptxas", _text(" ".join(str(fp.ptxas or "").split()) or None))
+    t.add_row("env", ", ".join(f"{k}={v}" for k, v in fp.env.items()) or "(none set)")
+    t.add_row("baked at", _text(", ".join(f"{k}={v}" for k, v in fp.bake_paths.items())))
     s = m.inventory.summary()
     t.add_row("inventory", f"{s['kernels']} kernels ({s['kernel_names']} names), {s['autotune']} "
               f"autotune results, {s['helpers']} helpers, {s['dropped']} dropped")
     bake = m.bake
-    if "rounds" in bake:
-        t.add_row("rounds", f"{bake['rounds']} ({'stable' if bake.get('stable') else 'NOT stable'}"
-                  + (f", {bake['quiet_rounds']} quiet in a row required" if "quiet_rounds" in bake else "")
+    if bake.rounds is not None:
+        t.add_row("rounds", f"{bake.rounds} ({'stable' if bake.stable else 'NOT stable'}"
+                  + (f", {bake.quiet_rounds} quiet in a row required" if bake.quiet_rounds is not None else "")
                   + ")")
     for key in ("driver", "compiles", "compile_seconds_moved", "autotune_seconds_moved"):
-        if key in bake:
-            t.add_row(key, _text(bake[key]))
+        if getattr(bake, key) is not None:
+            t.add_row(key, _text(getattr(bake, key)))
     if record:
         t.add_row("compile record", f"{record['compiles']} launches of {record['kernels']} kernels, "
                   f"{record['autotune']} autotune keys ({record['autotune_candidates']} candidates), "
                   f"recorded on {', '.join(record['targets'])}; {record['unverified']} not verified")
-    how = _obj(bake.get("unverified_on_target")).get("how")
+    how = (bake.unverified_on_target or {}).get("how")
     if how:
         t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
-    for fold in _objs(bake.get("folded")):  # serve-time misses compiled in (replay --misses)
+    for fold in bake.folded or ():  # serve-time misses compiled in (replay --misses)
         carried = sum(a.get("result") == "carried" for a in _objs(fold.get("autotune")))
         t.add_row("folded", f"{len(_items(fold.get('kernels')))} kernels and {carried} autotune results "
                   f"from {fold.get('logs')} miss logs at {fold.get('at')} onto layer "
@@ -132,7 +129,7 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
             kt.add_row(safe(name), str(n))
         console.print(kt)
     # The bake record names the engine step that compiled each specialization (kernels driver).
-    by_step = [(e.get("kernel", "?"), e["step"]) for e in _objs(m.bake.get("events"))
+    by_step = [(e.get("kernel", "?"), e["step"]) for e in m.bake.events or ()
                if e.get("kind") == "compile" and e.get("step")]
     if by_step:
         st = Table("kernel", "engine step that needs it", title="specializations by engine step")
@@ -270,7 +267,7 @@ def render_fingerprint(report, console: Console) -> None:
                       f"GPU {_text(fp.gpu_name)}")
         return
     t = _Fields(f"fingerprint {fp.target}")
-    for key, value in fp.to_dict().items():
+    for key, value in fp.to_json().items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or None
         text = " ".join(str(value).split()) if value is not None else None

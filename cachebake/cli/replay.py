@@ -42,9 +42,8 @@ ALLOW_MODULE_OPTION = click.option(
 def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, allow_modules, as_json):
     """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
     or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
-    from cachebake.replay.engine import stderr_progress
-
-    progress = None if as_json else stderr_progress
+    out_ = output(as_json)
+    progress = None if as_json else out_.progress
     if base or misses:
         if source:
             raise click.UsageError(f"{source}: ART|RECORD does not mix with --base/--misses (replay a "
@@ -59,7 +58,7 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
 
         report = fold_misses(base, list(misses), out, target=target, jobs=jobs, progress=progress,
                              allow_modules=allow_modules)
-        output(as_json).emit(report, render=render_fold)
+        out_.emit(report, render=render_fold)
         return
     if not source or not target:
         raise click.UsageError("give ART|RECORD and --target, or --base ART --misses LOG|DIR")
@@ -69,7 +68,7 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
     report = run_replay(source, target=target, out=out, jobs=jobs, partial=partial,
                         layer_root=layer_root, gpu_name=gpu_name, progress=progress,
                         allow_modules=allow_modules)
-    output(as_json).emit(report, render=render_replay)
+    out_.emit(report, render=render_replay)
 
 
 @main.command("misses")

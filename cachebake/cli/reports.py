@@ -32,7 +32,7 @@ class FingerprintReport:
 
     def to_dict(self) -> dict:
         # `install --fingerprint FILE` reads the "fingerprint" field of this document
-        d = {"target": self.target, "fingerprint": self.fingerprint.to_dict()}
+        d = {"target": self.target, "fingerprint": self.fingerprint.to_json()}
         if self.out:
             d["out"] = self.out
         return d

@@ -131,7 +131,7 @@ def build_cache_image(artifact: os.PathLike | str, tag: str, *, target: str | No
         # Packaging, not serving: the preflight is the bake's own fingerprint (it passes); the
         # serving environment is checked where the image is used (`cachebake verify` there).
         fp = tmp / "fingerprint.json"
-        fp.write_text(json.dumps(bake.manifest.fingerprint))
+        bake.manifest.fingerprint.write(fp)
         tree = tmp / "context" / "rootfs" / root.lstrip("/")
         installed = install_artifact(artifact, tree, target=bake.target, fingerprint_file=str(fp),
                                      serve_at=root, sync=False)  # a build context, tarred next

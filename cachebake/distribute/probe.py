@@ -16,11 +16,9 @@ The installer then runs ``cachebake install ... --fingerprint FILE``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -37,13 +35,7 @@ def copy_package(dest: os.PathLike | str) -> Path:
 def write_fingerprint(target: str | None, out: os.PathLike | str) -> None:
     from cachebake.artifact.fingerprint import current_fingerprint
 
-    text = json.dumps(current_fingerprint(target).to_dict(), indent=2, sort_keys=True) + "\n"
-    out = Path(out)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".fingerprint-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out)  # the installer never reads half a file
+    current_fingerprint(target).write(out)  # whole or not at all: the installer never reads half
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 
-from cachebake.errors import CachebakeError, Unsupported
+from cachebake.errors import CachebakeError, CommandFailed, Interrupted, Unsupported, print_error
 
 
 def _run_function(target: str, kwargs: dict) -> None:
@@ -43,16 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _run_function(args[0], json.loads(args[1]))
     except CachebakeError as e:
-        print(f"cachebake: error: {e.line()}", file=sys.stderr)
+        print_error(e)
         return int(e.code)
     except KeyboardInterrupt:
-        print("cachebake: error: interrupted", file=sys.stderr)
+        print_error(Interrupted())
         return int(ExitCode.INTERRUPTED)
     except Exception as e:  # noqa: BLE001 - the child's boundary: the driver's bug, in one line
         log = write_crash_log(e, f"python -m cachebake.drivers.child {shlex.join(args)}")
-        print(f"cachebake: error: driver {args[0]} failed: {type(e).__name__}: "
-              f"{' '.join(str(e).split())}" + (f" (traceback in {log})" if log else ""),
-              file=sys.stderr)
+        print_error(CommandFailed(f"driver {args[0]} failed: {type(e).__name__}: "
+                                  f"{' '.join(str(e).split())}" + (f" (traceback in {log})" if log else "")))
         return int(ExitCode.COMMAND_FAILED)
     return 0
 

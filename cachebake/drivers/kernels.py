@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-memory", default=None, help="GPU memory class or GiB, for stored plans")
     ap.add_argument("--list", action="store_true", help="print the engine steps and exit (no GPU)")
     args = ap.parse_args(argv)
-    from cachebake.errors import CachebakeError
+    from cachebake.errors import CachebakeError, print_error
 
     try:
         if args.list:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         run_sweep(args.model, args.tp, serve_args=args.serve_args, plan=args.plan, gpu=args.gpu_memory)
     except CachebakeError as e:
-        print(f"cachebake: error: {e}", file=sys.stderr)
+        print_error(e)
         return int(e.code)
     return 0
 

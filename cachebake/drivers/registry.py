@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachebake.drivers.command import CommandDriver
-from cachebake.errors import BadInput, CachebakeError, Unsupported
+from cachebake.errors import BadInput, CachebakeError, Unsupported, UsageError
 
 # --driver NAME -> the function that runs one round in-process.  Each takes (model, tp, ...).
 DRIVER_FUNCTIONS: dict[str, str] = {
@@ -188,14 +188,14 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     ``plan``: an engine plan file (`cachebake plan --json`), kernels driver only."""
     if cmd:
         if driver not in (None, "command"):
-            raise BadInput(f"give either --driver {driver} or -- CMD, not both")
+            raise UsageError(f"give either --driver {driver} or -- CMD, not both")
         return CommandDriver(list(cmd), model=model)
     if driver == "command":
-        raise BadInput("--driver command runs the command after --: give -- CMD...")
+        raise UsageError("--driver command runs the command after --: give -- CMD...")
     if driver is not None and driver not in DRIVER_FUNCTIONS:
-        raise BadInput(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
+        raise UsageError(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
     if not model:
-        raise BadInput("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
+        raise UsageError("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
                        "or a model directory) or the warmup command after --")
     from cachebake.recipes import load_recipe
 
@@ -214,13 +214,13 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         kwargs["serve_args"] = serve_args
     if model_dir is not None:
         if driver != "vllm":
-            raise BadInput("--model-dir is for --driver vllm")
+            raise UsageError("--model-dir is for --driver vllm")
         from cachebake.serveargs import model_reference
 
         kwargs["model_dir"] = model_reference(model_dir)[1]  # a path made absolute, or a hub id
     if plan is not None:  # an engine plan file (`cachebake plan --json`): kernels driver only
         if driver != "kernels":
-            raise BadInput("an engine plan file is for --driver kernels")
+            raise UsageError("an engine plan file is for --driver kernels")
         if not os.path.isfile(plan):
             raise BadInput(f"{plan}: no such engine plan file")
         kwargs["plan"] = os.path.abspath(plan)

@@ -14,11 +14,15 @@ server before step 7's switch:
    install.json: "already installed", done (a damaged tree is repaired below);
 5. ``--check-only`` stops here after reading the whole layer through the same checks, writing
    nothing, and reports what an install would do;
-6. under DIR's lock: re-check, clean a killed install's leftovers, then in one pass decompress,
-   check each entry and write it into a private staging dir (relocating Triton group files);
-   the blob's digest is checked at its end;
-7. sync, link roles, switch atomically (atomic.py).  Any refusal removes the staging dir (and
-   a DIR this install created); Ctrl-C exits 130 saying whether the switch happened.
+6. in one transaction of DIR (``InstallDir.transaction``: the lock, a killed install's
+   leftovers cleaned, a private staging dir): re-check, then in one pass decompress, check each
+   entry and write it into the staging dir (relocating Triton group files); the blob's digest
+   is checked at its end;
+7. ``tx.commit``: sync, link roles, switch atomically (atomic.py).  Any refusal undoes the
+   transaction (the staging dir, and a DIR this install created, are removed); Ctrl-C exits
+   130 saying whether the switch happened.
+
+``--check-only`` is steps 1-4 plus step 6's pass over the layer with nothing written.
 
 The vllm role's paths are relocated on the way like Triton's group files; a role that cannot
 be relocated is removed from the staging dir before the switch and left out with a warning
@@ -27,14 +31,17 @@ be relocated is removed from the staging dir before the switch and left out with
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from cachebake.artifact.reader import open_source
-from cachebake.errors import Interrupted
+from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
-from cachebake.install.fsops import rmtree_at
+from cachebake.install.inventory import InstallMarker
 from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.roles import serving_overlay_env as runtime_env
 
@@ -76,7 +83,8 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      allow_mismatch: bool = False, serve_at: str | os.PathLike | None = None,
                      lock_timeout: float = LOCK_TIMEOUT_S, check_only: bool = False,
                      overlay: str | os.PathLike | None = None,
-                     artifact_name: str | None = None, sync: bool = True) -> InstallReport:
+                     artifact_name: str | None = None, sync: bool = True,
+                     checkpoint: Callable[[str], None] = atomic.no_checkpoint) -> InstallReport:
     """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
     env then turns on the layered cache manager and its miss log (cachebake.serve).
     ``artifact_name``: what the report and install.json call the artifact when ``artifact`` is
@@ -85,32 +93,90 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     switch, for a DIR that dies with its machine's crash or that install re-checks before
     every start (an init container's emptyDir, a Dockerfile RUN): there a crash's damage (files
     left empty) is what the next install's tree check repairs, and the sync is ~30 ms of an
-    install on a fast disk, more on a node whose other tenants left writeback pending."""
-    dest = atomic.InstallDir(to, sync=sync)
+    install on a fast disk, more on a node whose other tenants left writeback pending.
+    ``checkpoint``: called with the name of each step of the extraction and the switch (the
+    crash tests kill the process at the n-th call: tests/installkit.py)."""
+    dest = atomic.InstallDir(to, sync=sync, checkpoint=checkpoint)
     try:
-        return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
-                        allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
-                        check_only=check_only, overlay=overlay,
-                        artifact_name=artifact_name or os.fspath(artifact))
+        # Ctrl-C at a step, where what was left is known (errors.DeferredInterrupt); a check
+        # writes nothing, so it stops wherever it is
+        with contextlib.nullcontext() if check_only else dest.interrupts:
+            return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
+                            allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
+                            check_only=check_only, overlay=overlay,
+                            artifact_name=artifact_name or os.fspath(artifact))
     except KeyboardInterrupt:
-        if dest.switched():
-            raise Interrupted(f"the new bake was switched in at {dest.root}; a re-run cleans up "
-                              "what is left") from None
-        raise Interrupted(f"nothing was installed; {dest.root} holds what it held before") from None
+        raise Interrupted(_what_was_left(dest)) from None
+    except OSError as e:
+        # DIR's filesystem refused a write (full, read-only, quota, permissions) or failed
+        # (EIO): one line naming DIR, never the entry or temp name the OS error carries
+        raise from_os_error(e, dest.root, "cannot install", BadInput if e.errno in DIR_REFUSALS else CachebakeError,
+                            hint=_what_was_left(dest)) from None
 
 
-def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_mismatch,
-             serve_at, lock_timeout, check_only, overlay, artifact_name) -> InstallReport:
+# What DIR's filesystem refuses (the user's to fix: exit 3); any other OSError there is exit 1.
+DIR_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                          errno.EMLINK, errno.ENAMETOOLONG})
+
+
+def _what_was_left(dest: atomic.InstallDir) -> str:
+    if dest.switched():
+        return f"the new bake was switched in at {dest.root}; a re-run cleans up what is left"
+    return f"nothing was installed; {dest.root} holds what it held before"
+
+
+@dataclass
+class _Plan:
+    """Steps 1-3: what this install would put where, settled before anything is written."""
+
+    source: object  # cachebake.artifact.reader's source
+    bake: object  # its BakeRef for the target
+    report: InstallReport
+    limits: extract.LayerLimits
+    serve_root: str
+    started: float
+
+    def ours(self, marker: InstallMarker | None) -> bool:
+        """Whether ``marker`` records this very bake, for this serving path, with these roles."""
+        return marker is not None and marker.layer_digest == self.bake.layer_digest \
+            and marker.serve_at == self.serve_root \
+            and sorted([*marker.roles, *marker.left_out]) == sorted(self.bake.manifest.roles)
+
+    def relocation(self) -> tuple[relocate_vllm.RoleRelocation, extract.Transform]:
+        """A fresh relocation for one pass over the layer (it records what it finds)."""
+        vllm = relocate_vllm.RoleRelocation(self.bake.manifest, self.serve_root)
+        return vllm, relocate_vllm.combine(relocate.group_rewriter(self.serve_root),
+                                           *([vllm.transform] if vllm.roles else []))
+
+    def extract(self, staging_fd: int | None, checkpoint=atomic.no_checkpoint):
+        """One pass over the layer: every check, and the writes when ``staging_fd`` is given."""
+        vllm, transform = self.relocation()
+        with self.source.open_layer(self.bake) as stream:
+            return vllm, extract.extract_layer(stream, self.limits, staging_fd, transform, checkpoint)
+
+    def done(self, status: str, dest: atomic.InstallDir, version: str | None,
+             left_out: dict[str, str] | None = None) -> InstallReport:
+        report = self.report
+        report.status = status
+        if version is not None:
+            report.version_dir = str(dest.state / "versions" / version)
+        if left_out is not None:
+            _left_out(report, left_out)
+        report.seconds = round(time.monotonic() - self.started, 3)
+        return report
+
+
+def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_mismatch, serve_at,
+          overlay, artifact_name) -> _Plan:
+    """Steps 1-3 of the module doc: the artifact read and checked, the preflight, DIR usable."""
     started = time.monotonic()
     source = open_source(os.fspath(artifact))
     serving = preflight.load_serving_fingerprint(fingerprint_file, target)
     bake = source.select(target or serving.target)
     manifest = bake.manifest
     roles = list(manifest.roles)
-    mismatches = preflight.check({"target": manifest.target, "fingerprint": manifest.fingerprint}, serving,
-                                 allow_mismatch,
+    mismatches = preflight.check(manifest.fingerprint, serving, allow_mismatch,
                                  checked_this_process=fingerprint_file is None)
-
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     report = InstallReport(
         status="installed", artifact=artifact_name, target=bake.target,
@@ -123,78 +189,48 @@ def _install(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, all
     # the longest path an entry lands at: DIR/.cachebake/versions/<digest12>-<rand8>/<entry>
     version_root = str(dest.state / "versions" / ("0" * 21))
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (version_root, serve_root))
+    return _Plan(source, bake, report, limits, serve_root, started)
 
-    def ours(marker: dict | None) -> bool:
-        installed_roles = list(marker["roles"]) + list(marker.get("left_out") or {}) if marker else []
-        return bool(marker) and marker["layer_digest"] == bake.layer_digest \
-            and marker["serve_at"] == serve_root and sorted(installed_roles) == sorted(roles)
 
-    def done(version: str, marker: dict) -> InstallReport:
-        report.status = "already installed"
-        report.version_dir = str(dest.state / "versions" / version)
-        _left_out(report, dict(marker.get("left_out") or {}))
-        report.seconds = round(time.monotonic() - started, 3)
-        return report
-
-    with dest.opened(create=False):
+def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **options) -> InstallReport:
+    plan = _plan(artifact, dest, **options)
+    dest.interrupts.check()
+    report = plan.report
+    with dest.opened(create=False):  # a look without the lock: the common repeat is a no-op
         marker, version, damage = dest.inspect()
         leftovers = dest.state_fd is not None and dest.has_leftovers(version)
-    if ours(marker) and not damage and not (leftovers and not check_only):
-        return done(version, marker)
-    dest.check_space(limits.file_bytes, limits.entries)
-    vllm = relocate_vllm.RoleRelocation(manifest, serve_root)
-    transform = relocate_vllm.combine(relocate.group_rewriter(serve_root),
-                                      *([vllm.transform] if vllm.roles else []))
+    if plan.ours(marker) and not damage and not (leftovers and not check_only):
+        return plan.done("already installed", dest, version, dict(marker.left_out))
+    dest.check_space(plan.limits.file_bytes, plan.limits.entries)
 
-    if check_only:
-        report.damage = damage if ours(marker) else []
-        report.status = ("would repair" if ours(marker) else "would replace" if marker or damage
-                         else "would install")
-        with source.open_layer(bake) as stream:  # every check, nothing written
-            _fill(report, extract.extract_layer(stream, limits, None, transform), vllm)
-        report.seconds = round(time.monotonic() - started, 3)
-        return report
+    if check_only:  # the plan plus a dry extraction: every check, nothing written
+        report.damage = damage if plan.ours(marker) else []
+        vllm, stats = plan.extract(None)
+        _fill(report, stats, vllm)
+        status = "would repair" if plan.ours(marker) else "would replace" if marker or damage else "would install"
+        return plan.done(status, dest, None)
 
-    with dest.locked(lock_timeout):
-        staged, staged_fd = None, -1
-        try:
-            marker, version, damage = dest.inspect()
-            report.cleaned = dest.clean_leftovers(keep_roles=set(roles))
-            if ours(marker) and not damage:  # maybe a racing install did it while we waited
-                return done(version, marker)
-            report.status = "repaired" if ours(marker) else "replaced" if marker or damage else "installed"
-            report.damage = damage if ours(marker) else []
-            staged, staged_fd = dest.new_staging()
-            with source.open_layer(bake) as stream:
-                stats = extract.extract_layer(stream, limits, staged_fd, transform, atomic.checkpoint)
-            for role in vllm.left_out:  # found mid-stream: drop it before anything is visible
-                rmtree_at(staged_fd, role)
-                stats.dirs = [d for d in stats.dirs if d.split("/", 1)[0] != role]
-                stats.inventory = {n: r for n, r in stats.inventory.items() if n.split("/", 1)[0] != role}
-            _fill(report, stats, vllm)
-            new_marker = {
-                "layer_digest": bake.layer_digest, "target": report.target, "roles": report.roles,
-                "serve_at": serve_root, "artifact": report.artifact,
-                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "groups_relocated": report.groups_relocated, "relocated": report.relocated,
-                "left_out": report.left_out, "dirs": stats.dirs, "files": stats.inventory}
-            version = dest.commit(staged, staged_fd, bake.layer_digest, new_marker, report.roles)
-        except BaseException:
-            # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install, and a
-            # DIR this install created is removed again.
-            if staged is not None:
-                os.close(staged_fd)
-                staged_fd = -1
-                dest.remove_staging(staged)
-            dest.undo()
-            raise
-        finally:
-            if staged_fd >= 0:
-                os.close(staged_fd)
-        report.cleaned += dest.clean_leftovers()
-    report.version_dir = str(dest.state / "versions" / version)
-    report.seconds = round(time.monotonic() - started, 3)
-    return report
+    with dest.transaction(lock_timeout, keep_roles=set(report.roles)) as tx:
+        report.cleaned = tx.cleaned
+        if plan.ours(tx.marker) and not tx.damage:  # a racing install did it while we waited
+            return plan.done("already installed", dest, tx.version, dict(tx.marker.left_out))
+        report.status = "repaired" if plan.ours(tx.marker) else "replaced" if tx.marker or tx.damage \
+            else "installed"
+        report.damage = tx.damage if plan.ours(tx.marker) else []
+        vllm, stats = plan.extract(tx.staged_fd, tx.checkpoint)
+        for role in vllm.left_out:  # found mid-stream: drop it before anything is visible
+            tx.drop(role)
+            stats.dirs = [d for d in stats.dirs if d.split("/", 1)[0] != role]
+            stats.inventory = {n: r for n, r in stats.inventory.items() if n.split("/", 1)[0] != role}
+        _fill(report, stats, vllm)
+        version = tx.commit(InstallMarker(
+            layer_digest=plan.bake.layer_digest, target=report.target, roles=tuple(report.roles),
+            serve_at=plan.serve_root, artifact=report.artifact,
+            installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            groups_relocated=report.groups_relocated, relocated=report.relocated,
+            left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory))
+    report.cleaned = tx.cleaned
+    return plan.done(report.status, dest, version)
 
 
 def _fill(report: InstallReport, stats: extract.LayerStats, vllm: relocate_vllm.RoleRelocation) -> None:

@@ -36,70 +36,63 @@ next installer, holding the lock, deletes staging dirs, temporary links, version
 The lock is flock(2): reliable on local filesystems (emptyDir, hostPath); on NFS it depends on
 the server's lock support.  After taking it the installer checks that DIR, ``.cachebake`` and
 the lock file are still the ones at those names (a refused first install removes them again).
+
+The destination owns its layout and its finalize step, as umoci's oci/cas and pypa/installer's
+``_core.install`` do: an install is one ``with dest.transaction(timeout) as tx:`` (the lock,
+the leftovers cleaned, a staging dir), the caller writes into ``tx.staged_fd``, and only
+``tx.commit(marker)`` makes anything visible (marker, sync, role links, the switch); any
+exception, or leaving the block without a commit, undoes what the transaction did.
+
+``checkpoint``: a callable each step calls with its name (the crash tests pass one that kills
+the process at the n-th call, tests/installkit.py); a no-op by default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
-import json
 import os
 import re
 import secrets
-import signal
 import stat
-import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from cachebake import jsonio
-from cachebake.errors import BadInput, Locked, from_os_error
+from cachebake.errors import BadInput, DeferredInterrupt, Locked, from_os_error
 from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
                                      rmtree_at, sync_tree)
-from cachebake.install.inventory import MARKER, check_marker, check_tree
+from cachebake.install.inventory import MARKER, InstallMarker, check_tree
 from cachebake.roles import ROLE_ENV
 
 STATE = ".cachebake"
 CAP_MARKER = 256 << 20
 VERSION_RE = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{8}$")
 
-# -- test hook -------------------------------------------------------------------------------
-# CACHEBAKE_TEST_KILL_AT=<n>: SIGKILL ourselves at the n-th checkpoint (1-based), or the
-# signal CACHEBAKE_TEST_SIGNAL names (INT: Ctrl-C).  Used by the crash tests to cut an install
-# at every step of the commit and inside the extraction.
-_checkpoints = 0
-_KILL_AT = int(os.environ.get("CACHEBAKE_TEST_KILL_AT") or 0)  # read once: called per entry
-
-
-_checkpoints_lock = threading.Lock()  # the staging lanes pass checkpoints too
-
-
-def checkpoint(_what: str = "") -> None:
-    global _checkpoints
-    with _checkpoints_lock:
-        _checkpoints += 1
-        n = _checkpoints
-    if _KILL_AT == n:
-        sig = getattr(signal, "SIG" + os.environ.get("CACHEBAKE_TEST_SIGNAL", "KILL"))
-        os.kill(os.getpid(), sig)
-
-
-def checkpoints_passed() -> int:
-    return _checkpoints
+def no_checkpoint(_what: str = "") -> None:
+    """The default checkpoint: nothing happens between steps."""
 
 
 # -- layout ----------------------------------------------------------------------------------
 class InstallDir:
     """DIR and its state directory, reached through directory fds only."""
 
-    def __init__(self, to: str | os.PathLike, *, sync: bool = True):
+    def __init__(self, to: str | os.PathLike, *, sync: bool = True,
+                 checkpoint: Callable[[str], None] = no_checkpoint):
         """``sync`` False: no syncfs and no fsync (``install --no-sync``); the order of the
         steps still leaves the old tree or the new one, and a crash before writeback can
-        leave new files empty, which the next install's tree check finds and repairs."""
+        leave new files empty, which the next install's tree check finds and repairs.
+        ``checkpoint``: called at each step (module doc), on the installing thread."""
         self.root = Path(os.path.abspath(to))
         self.sync = sync
+        self._checkpoint = checkpoint
+        # Ctrl-C is taken at steps only (errors.DeferredInterrupt), while an install runs
+        # ``with dest.interrupts:``
+        self.interrupts = DeferredInterrupt()
         self.state = self.root / STATE
         self.uid = os.geteuid()
         self.root_fd: int | None = None
@@ -111,6 +104,11 @@ class InstallDir:
         self._created_state = False
         self._links_made: list[str] = []
         self.pending_version: str | None = None  # the version commit() is switching to
+
+    def checkpoint(self, what: str) -> None:
+        """A step boundary: the injected checkpoint, then a pending Ctrl-C is raised here."""
+        self._checkpoint(what)
+        self.interrupts.check()
 
     # -- opening ----------------------------------------------------------------------------
     def _open_root(self, create: bool) -> int | None:
@@ -242,18 +240,27 @@ class InstallDir:
                     os.close(fd)
             self.root_fd = self.state_fd = None
 
-    def installed(self) -> dict | None:
-        """The marker (install.json) of the installed bake, or None; for readers outside an
-        install (verify, serving).  Read-only, through the same link-refusing fds."""
+    def installed(self) -> InstallMarker | None:
+        """The marker (install.json) of the installed bake, or None where there is none; for
+        readers outside an install (verify, serve-args).  Read-only, through the same
+        link-refusing fds.  A marker that is there but malformed is InvalidDocument (exit 5):
+        a reader must not take a damaged install for no install (serve-args would export a
+        role install left out)."""
         try:
             with self.opened(create=False):
-                return self.inspect()[0]
+                version, vfd, _ = self._current()
+                if vfd is None:
+                    return None
+                try:
+                    return _read_marker(vfd, f"{self.state / 'versions' / version / MARKER}")
+                finally:
+                    os.close(vfd)
         except (BadInput, OSError):
             return None
 
-    def inspect(self) -> tuple[dict | None, str | None, list[str]]:
-        """(marker, version, problems) of the installed bake; (None, None, []) if none.
-        ``problems`` lists what differs from the marker's inventory (a damaged tree).  Needs
+    def _current(self) -> tuple[str | None, int | None, list[str]]:
+        """(version, an fd of its directory, problems) of what ``current`` names; the fd is None
+        where there is no install or it is damaged (``problems`` says how).  Needs
         ``opened()`` or ``locked()``."""
         if self.state_fd is None:
             return None, None, []
@@ -265,24 +272,31 @@ class InstallDir:
             return None, None, [f"{STATE}/current points at {target!r}"]
         versions_fd = self._sub("versions")
         if versions_fd is None:
-            return None, version, [f"{STATE}/versions is missing"]
+            return version, None, [f"{STATE}/versions is missing"]
         try:
             vfd = self._open_dir(versions_fd, version, self.state / "versions" / version)
         finally:
             os.close(versions_fd)
         if vfd is None:
-            return None, version, [f"{STATE}/versions/{version} is missing"]
+            return version, None, [f"{STATE}/versions/{version} is missing"]
+        return version, vfd, []
+
+    def inspect(self) -> tuple[InstallMarker | None, str | None, list[str]]:
+        """(marker, version, problems) of the installed bake; (None, None, []) if none.
+        ``problems`` lists what differs from the marker's inventory (a damaged tree, an
+        unreadable marker: what a repair fixes).  Needs ``opened()`` or ``locked()``."""
+        version, vfd, problems = self._current()
+        if vfd is None:
+            return None, version, problems
         try:
             try:
-                marker = jsonio.parse_json(jsonio.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd),
-                                           MARKER)
-                check_marker(marker)
-                self._roles_by_version[version] = [r for r in marker["roles"] if r in ROLE_ENV]
+                marker = _read_marker(vfd)
+                self._roles_by_version[version] = list(marker.roles)
             except BadInput:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable marker is damage to repair
                 return None, version, [f"{MARKER} is unreadable ({e})"]
-            problems = [f"{role} is not cachebake's link" for role in marker["roles"]
+            problems = [f"{role} is not cachebake's link" for role in marker.roles
                         if readlink(role, self.root_fd) != self.role_link(role)]
             problems += check_tree(vfd, marker)
             return marker, version, problems
@@ -320,7 +334,7 @@ class InstallDir:
                         raise BadInput(f"{self.state / 'lock'} is not a regular file of the installing uid")
                     self._flock(lock_fd, deadline, timeout)
                     if self._still_linked(lock_fd):
-                        checkpoint("locked")
+                        self.checkpoint("locked")
                         yield
                         return
                 finally:
@@ -346,6 +360,7 @@ class InstallDir:
                     raise
             if time.monotonic() > deadline:
                 raise Locked(f"another install holds {self.state / 'lock'} for over {timeout:.0f} s")
+            self.interrupts.check()  # Ctrl-C while waiting for another install
             time.sleep(0.05)
 
     def _still_linked(self, lock_fd: int) -> bool:
@@ -373,7 +388,7 @@ class InstallDir:
                         continue
                     rmtree_at(fd, name)
                     removed.append(f"{STATE}/{sub}/{name}")
-                    checkpoint("clean")
+                    self.checkpoint("clean")
             finally:
                 os.close(fd)
         for name in sorted(os.listdir(self.state_fd)):
@@ -402,7 +417,7 @@ class InstallDir:
             fd = self._open_dir(staging_fd, name, self.state / "staging" / name)
             try:
                 os.fchmod(fd, 0o755)
-                checkpoint("staged")
+                self.checkpoint("staged")
             except BaseException:
                 os.close(fd)
                 raise
@@ -428,7 +443,7 @@ class InstallDir:
             try:
                 os.symlink(self.role_link(role), role, dir_fd=self.root_fd)
                 self._links_made.append(role)
-                checkpoint("role-link")
+                self.checkpoint("role-link")
             except FileExistsError:
                 self.check_role_path(role)  # ours already, or BadInput naming it
         self._fsync(self.root_fd)
@@ -437,46 +452,39 @@ class InstallDir:
         if self.sync:
             os.fsync(fd)
 
-    def commit(self, staged: str, staged_fd: int, digest: str, marker: dict, roles: list[str]) -> str:
-        """Sync the staged tree, link roles, move it into versions/, switch ``current``."""
-        fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=staged_fd)
-        try:
-            # the seal (install/inventory.py): created after the last file, read before the write
-            marker = {**marker, "sealed_ctime_ns": os.fstat(fd).st_ctime_ns}
-            os.fchmod(fd, 0o644)
-            data = json.dumps(marker, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        if self.sync:
-            sync_tree(staged_fd)
-        checkpoint("synced")
-        self.link_roles(roles)
-        version = self.pending_version = f"{digest.split(':')[-1][:12]}-{secrets.token_hex(4)}"
-        staging_fd, versions_fd = self._sub("staging"), self._sub("versions", create=True)
-        try:
-            rename_noreplace(staged, version, staging_fd, versions_fd)
-            self._fsync(versions_fd)
-        finally:
-            os.close(staging_fd)
-            os.close(versions_fd)
-        checkpoint("renamed")
-        current = os.stat("current", dir_fd=self.state_fd, follow_symlinks=False) \
-            if lexists("current", self.state_fd) else None
-        if current is not None and not stat.S_ISLNK(current.st_mode):
-            raise BadInput(f"{self.state / 'current'} is not a symbolic link; refusing to replace it")
-        tmp = f"current.tmp-{secrets.token_hex(4)}"
-        os.symlink(f"versions/{version}", tmp, dir_fd=self.state_fd)
-        checkpoint("current-tmp")
-        os.rename(tmp, "current", src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)  # the switch
-        self._fsync(self.state_fd)
-        checkpoint("switched")
-        self._links_made.clear()  # they are backed now
-        self._roles_by_version[version] = [r for r in roles if r in ROLE_ENV]
-        return version
+    @contextmanager
+    def transaction(self, timeout: float, *, keep_roles: set[str] = frozenset()) -> Iterator["Transaction"]:
+        """One install, start to switch: take the lock (Locked after ``timeout`` s), read what
+        is installed (``tx.marker``, ``tx.version``, ``tx.damage``: a racing install may have
+        done the work while we waited), remove a killed install's leftovers (``tx.cleaned``;
+        the links of ``keep_roles`` stay) and make a private staging dir (``tx.staged_fd``).
+        ``tx.commit(marker)`` switches to it.  Any exception, or leaving the block without a
+        commit, removes the staging dir, the role links this install made and a DIR (or
+        ``.cachebake``) it created: DIR holds what it held before.  After a commit, what the
+        old version left is cleaned too."""
+        with self.locked(timeout):
+            tx = Transaction(self)
+            try:
+                tx.marker, tx.version, tx.damage = self.inspect()
+                tx.cleaned = self.clean_leftovers(keep_roles=set(keep_roles))
+                tx.staged, tx.staged_fd = self.new_staging()
+                yield tx
+                if tx.committed:
+                    tx.cleaned += self.clean_leftovers()
+                else:
+                    tx.rollback()
+            except BaseException:
+                # Refused, disk full, EIO, Ctrl-C: no half-written tree for the next install,
+                # and a DIR this install created is removed again.  Where the filesystem
+                # refuses even that (it went read-only), the error that stopped the install is
+                # the one to report; the next install removes what is left.
+                try:
+                    tx.rollback()
+                except OSError:
+                    pass
+                raise
+            finally:
+                tx.close()
 
     def switched(self) -> bool:
         """Whether ``current`` names the version this install committed (for Ctrl-C's report;
@@ -535,9 +543,95 @@ class InstallDir:
         if vfd is None:
             return []
         try:
-            marker = jsonio.parse_json(jsonio.read_document(MARKER, MARKER, CAP_MARKER, dir_fd=vfd), MARKER)
-            return [r for r in marker.get("roles", []) if r in ROLE_ENV]
+            return list(_read_marker(vfd).roles)
         except Exception:  # noqa: BLE001 - an unreadable marker backs no role
             return []
         finally:
             os.close(vfd)
+
+
+class Transaction:
+    """One install in progress inside an ``InstallDir`` (``InstallDir.transaction``)."""
+
+    def __init__(self, dest: InstallDir):
+        self.dest = dest
+        self.checkpoint = dest.checkpoint
+        self.marker: InstallMarker | None = None  # what was installed when the lock was taken
+        self.version: str | None = None
+        self.damage: list[str] = []
+        self.cleaned: list[str] = []
+        self.staged: str | None = None  # the staging dir's name under staging/
+        self.staged_fd: int = -1
+        self.committed = False
+
+    def drop(self, role: str) -> None:
+        """Remove a role from the staged tree before the commit (one install cannot relocate)."""
+        rmtree_at(self.staged_fd, role)
+
+    def commit(self, marker: InstallMarker) -> str:
+        """Write the marker (sealed), sync the staged tree, link roles, move it into versions/,
+        switch ``current``; returns the new version's name.  From here on the transaction no
+        longer undoes anything: the switch is the last step, and what fails after it (the
+        old version's cleanup) is what the next install cleans."""
+        dest, staged, staged_fd = self.dest, self.staged, self.staged_fd
+        roles, digest = list(marker.roles), marker.layer_digest
+        fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=staged_fd)
+        try:
+            # the seal (install/inventory.py): created after the last file, read before the write
+            marker = dataclasses.replace(marker, sealed_ctime_ns=os.fstat(fd).st_ctime_ns)
+            os.fchmod(fd, 0o644)
+            # written once into the private staging dir, which the rename below makes visible
+            # whole: no temp file needed
+            data = jsonio.canonical_json(marker.to_json()) + b"\n"
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        if dest.sync:
+            sync_tree(staged_fd)
+        dest.checkpoint("synced")
+        dest.link_roles(roles)
+        version = dest.pending_version = f"{digest.split(':')[-1][:12]}-{secrets.token_hex(4)}"
+        staging_fd, versions_fd = dest._sub("staging"), dest._sub("versions", create=True)
+        try:
+            rename_noreplace(staged, version, staging_fd, versions_fd)
+            dest._fsync(versions_fd)
+        finally:
+            os.close(staging_fd)
+            os.close(versions_fd)
+        dest.checkpoint("renamed")
+        current = os.stat("current", dir_fd=dest.state_fd, follow_symlinks=False) \
+            if lexists("current", dest.state_fd) else None
+        if current is not None and not stat.S_ISLNK(current.st_mode):
+            raise BadInput(f"{dest.state / 'current'} is not a symbolic link; refusing to replace it")
+        tmp = f"current.tmp-{secrets.token_hex(4)}"
+        os.symlink(f"versions/{version}", tmp, dir_fd=dest.state_fd)
+        dest.checkpoint("current-tmp")
+        os.rename(tmp, "current", src_dir_fd=dest.state_fd, dst_dir_fd=dest.state_fd)  # the switch
+        self.committed = True
+        dest._links_made.clear()  # they are backed now
+        dest._roles_by_version[version] = [r for r in roles if r in ROLE_ENV]
+        dest._fsync(dest.state_fd)
+        dest.checkpoint("switched")
+        return version
+
+    def rollback(self) -> None:
+        if self.committed:
+            return
+        self.close()
+        if self.staged is not None:
+            self.dest.remove_staging(self.staged)
+            self.staged = None
+        self.dest.undo()
+
+    def close(self) -> None:
+        if self.staged_fd >= 0:
+            os.close(self.staged_fd)
+            self.staged_fd = -1
+
+
+def _read_marker(version_fd: int, document: str = MARKER) -> InstallMarker:
+    return InstallMarker.from_json(jsonio.parse_json(
+        jsonio.read_document(MARKER, document, CAP_MARKER, dir_fd=version_fd), document), document)

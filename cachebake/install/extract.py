@@ -77,11 +77,9 @@ class LayerLimits:
     path_budget: int = PATH_MAX - 1  # bytes left for a member name under the longest root
 
     @classmethod
-    def from_manifest(cls, manifest, compressed_size: int, roots: tuple[str, ...] = ()) -> "LayerLimits":
-        """``manifest``: a BakeManifest, or its dict (schema-checked here); ``roots``: where
-        entries will land (for PATH_MAX)."""
-        if isinstance(manifest, dict):
-            manifest = BakeManifest.from_dict(manifest)
+    def from_manifest(cls, manifest: BakeManifest, compressed_size: int,
+                      roots: tuple[str, ...] = ()) -> "LayerLimits":
+        """``roots``: where entries will land (for PATH_MAX)."""
         layer = manifest.layer
         longest = max((len(os.fsencode(r.rstrip("/"))) for r in roots), default=0)
         limits = cls(roles=frozenset(manifest.roles), entries=layer.entries, files=layer.files,

@@ -21,32 +21,86 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 from cachebake.artifact import schema
+from cachebake.roles import ROLE_ENV
 
 MARKER = "install.json"
 
 
-def check_marker(marker) -> None:
-    """install.json is ours, but lives in a volume: check the fields the next install reads."""
-    c = schema.Checker(MARKER)
-    c.obj(marker)
-    c.digest(c.get(marker, "layer_digest", ""), "layer_digest")
-    c.string(c.get(marker, "serve_at", ""), "serve_at")
-    schema.check_roles(c.get(marker, "roles", ""), c)
-    for i, d in enumerate(c.array(c.get(marker, "dirs", ""), "dirs")):
-        c.string(d, f"dirs[{i}]")
-    c.integer(c.get(marker, "sealed_ctime_ns", ""), "sealed_ctime_ns", hi=1 << 64)
-    for name, size in c.obj(c.get(marker, "files", ""), "files").items():
-        c.integer(size, f"files.{name}", hi=1 << 64)
+@dataclass(frozen=True)
+class InstallMarker:
+    """install.json: what an install put in its version directory, the one record a repeat
+    install, ``verify`` and ``serve-args`` read back.  ``to_json`` is its one form;
+    ``from_json`` reads it as what it is, a file in a volume others may write: every field the
+    next install reads is checked (InvalidDocument naming the field), and the markers of every
+    earlier cachebake read the same (no field was renamed)."""
+
+    layer_digest: str
+    target: str
+    roles: tuple[str, ...]  # installed (left-out roles are not among them)
+    serve_at: str
+    artifact: str = ""
+    installed_at: str = ""
+    groups_relocated: int = 0
+    relocated: Mapping[str, int] = field(default_factory=dict)  # role -> files rewritten
+    left_out: Mapping[str, str] = field(default_factory=dict)  # role -> why it was not installed
+    dirs: tuple[str, ...] = ()  # every directory made, in layer order
+    files: Mapping[str, int] = field(default_factory=dict)  # every file -> its size as written
+    # the seal: install.json's own ctime at creation, after the last file (module doc); 0 until
+    # the marker is written (InstallDir's commit sets it)
+    sealed_ctime_ns: int = 0
+
+    def to_json(self) -> dict:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("roles", "dirs"):
+            doc[key] = list(doc[key])
+        for key in ("relocated", "left_out", "files"):
+            doc[key] = dict(doc[key])
+        return doc
+
+    @classmethod
+    def from_json(cls, doc, document: str = MARKER) -> "InstallMarker":
+        c = schema.Checker(document)
+        c.obj(doc)
+        roles = schema.check_roles(c.get(doc, "roles", ""), c)
+        dirs = c.array(c.get(doc, "dirs", ""), "dirs")
+        for i, d in enumerate(dirs):
+            c.string(d, f"dirs[{i}]")
+        files = c.obj(c.get(doc, "files", ""), "files")
+        for name, size in files.items():
+            c.integer(size, f"files.{name}", hi=1 << 64)
+        relocated = c.obj(doc.get("relocated", {}), "relocated")
+        for role, n in relocated.items():
+            c.integer(n, f"relocated.{role}")
+        left_out = c.str_map(doc.get("left_out", {}), "left_out")
+        for role in left_out:  # serve-args prints the reasons, keyed by role
+            if role not in ROLE_ENV:
+                c.fail("left_out", f"{role!r}"[:80] + " is not a cache role: must map known cache roles to reasons")
+        return cls(
+            layer_digest=c.digest(c.get(doc, "layer_digest", ""), "layer_digest"),
+            target=c.string(doc.get("target", ""), "target"),
+            roles=tuple(roles),
+            serve_at=c.string(c.get(doc, "serve_at", ""), "serve_at"),
+            artifact=c.string(doc.get("artifact", ""), "artifact"),
+            installed_at=c.string(doc.get("installed_at", ""), "installed_at", max_len=64),
+            groups_relocated=c.integer(doc.get("groups_relocated", 0), "groups_relocated"),
+            relocated=dict(relocated),
+            left_out=dict(left_out),
+            dirs=tuple(dirs),
+            files=dict(files),
+            sealed_ctime_ns=c.integer(c.get(doc, "sealed_ctime_ns", ""), "sealed_ctime_ns", hi=1 << 64),
+        )
 
 
-def check_tree(version_fd: int, marker: dict, limit: int = 20) -> list[str]:
+def check_tree(version_fd: int, marker: InstallMarker, limit: int = 20) -> list[str]:
     """What differs between the installed tree and the inventory install.json recorded: a
     missing or replaced directory, a missing file, one of another size, or one changed after
     the seal (a rewrite that kept the size still moves its ctime, which no user can set back)."""
     problems: list[str] = []
-    for d in marker["dirs"]:
+    for d in marker.dirs:
         try:
             st = os.stat(d, dir_fd=version_fd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
@@ -55,8 +109,8 @@ def check_tree(version_fd: int, marker: dict, limit: int = 20) -> list[str]:
             problems.append(f"{d}: missing")
         if len(problems) >= limit:
             return problems
-    sealed = marker["sealed_ctime_ns"]
-    for name, size in marker["files"].items():
+    sealed = marker.sealed_ctime_ns
+    for name, size in marker.files.items():
         try:
             st = os.stat(name, dir_fd=version_fd, follow_symlinks=False)
         except OSError:

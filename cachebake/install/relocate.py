@@ -18,6 +18,7 @@ from typing import Callable
 from cachebake.artifact.groups import GROUP_PREFIX, InvalidGroup, relocated_group
 from cachebake.artifact.schema import CAP_GROUP_FILE
 from cachebake.errors import InvalidDocument, UnsafeArtifact
+from cachebake.jsonio import write_atomic
 
 
 def is_group_file(member_name: str) -> bool:
@@ -74,9 +75,6 @@ def relocate_tree(triton_dir: str, serve_dir: str | None = None) -> int:
             path = os.path.join(key_path, name)
             with open(path, "rb") as f:
                 new = rewrite_group(f.read(), member, posixpath.join(serve_dir, key))
-            tmp = f"{path}.cachebake-tmp"
-            with open(tmp, "wb") as f:
-                f.write(new)
-            os.replace(tmp, path)  # a reader sees the old or the new file, never half of one
+            write_atomic(path, new)  # a reader sees the old or the new file, never half of one
             count += 1
     return count

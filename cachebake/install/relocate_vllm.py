@@ -28,8 +28,8 @@ from cachebake.roles import ROLE_ENV
 def root_map(manifest: BakeManifest, serve_root: str) -> dict[str, str]:
     """Every root the bake's files may name (per role: the layer root's, the path it was packed
     from, the path the bake pinned) -> that role under ``serve_root``."""
-    bake_paths = (manifest.fingerprint or {}).get("bake_paths") or {}
-    pinned = ((manifest.bake or {}).get("env") or {}).get("pinned") or {}
+    bake_paths = manifest.fingerprint.bake_paths
+    pinned = (manifest.bake.env or {}).get("pinned") or {}
     layer_root = manifest.layer_root
     pairs: dict[str, str] = {}
     for role, var in ROLE_ENV.items():

@@ -136,8 +136,7 @@ class StagingWriter:
 class _Lane:
     """One writer thread: writes the files handed to it, in order."""
 
-    def __init__(self, root_fd: int, checkpoint: Callable[[str], None], index: int):
-        self.checkpoint = checkpoint
+    def __init__(self, root_fd: int, index: int):
         self.error: BaseException | None = None
         self._out = StagingWriter(root_fd)
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_DEPTH)
@@ -161,7 +160,6 @@ class _Lane:
                         if self._cancelled:
                             break
                         out.write_file(name, mode, data)
-                        self.checkpoint("entry")
                 except BaseException as e:  # noqa: BLE001 - handed to the extractor's thread
                     self.error = e
         finally:
@@ -222,7 +220,7 @@ class Staging:
         return len(self._lanes)
 
     def _start_lanes(self, count: int) -> None:
-        self._lanes = [_Lane(self.root_fd, self.checkpoint, i) for i in range(count)]
+        self._lanes = [_Lane(self.root_fd, i) for i in range(count)]
 
     def _choose(self) -> None:
         """After each PROBE_FILES timed creations: lanes from now on if creating a file has
@@ -251,6 +249,9 @@ class Staging:
         if lane is None:
             lane = self._lane_of[parent] = self._lanes[len(self._lane_of) % len(self._lanes)]
         lane.add(name, mode, data)
+        # on this thread, where the checkpoint may raise (a deferred Ctrl-C: the install's
+        # DeferredInterrupt), one per file as in the lane-less path
+        self.checkpoint("entry")
 
     def finish(self) -> None:
         try:

@@ -55,7 +55,7 @@ def load_record(source: os.PathLike | str) -> LoadedRecord:
         record, layer_root, fingerprints = CompileRecord(), None, {}
         for target in art.targets():
             ref = art.select(target)
-            fingerprints[target] = ref.manifest.fingerprint
+            fingerprints[target] = ref.manifest.fingerprint.to_json()
             desc = ref.manifest.record
             if not desc:
                 continue

@@ -120,7 +120,7 @@ def check_same_compiler(base_fingerprint: dict, target: str) -> None:
     """PreflightMismatch unless this machine computes the keys the server computed."""
     from cachebake.artifact.fingerprint import current_fingerprint
 
-    here = current_fingerprint(target).to_dict()
+    here = current_fingerprint(target).to_json()
     diff = [f"{k}: server {base_fingerprint.get(k)!r}, here {here.get(k)!r}"
             for k in KEY_FIELDS if base_fingerprint.get(k) != here.get(k)]
     if diff:
@@ -150,7 +150,7 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
     source = open_source(base)
     bake = source.select(target)
     manifest = bake.manifest
-    check_same_compiler(manifest.fingerprint, bake.target)
+    check_same_compiler(manifest.fingerprint.to_json(), bake.target)
     record = _base_record(source, bake)
     report = FoldReport(base=base, out=out, target=bake.target, base_layer_digest=bake.layer_digest,
                         logs=merged.logs,
@@ -178,13 +178,13 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
             os.close(tfd)
         record.add(CompileRecord(compiles=folded))
         report.record = record.summary()
-        bake_section = dict(manifest.bake)
+        bake_section = manifest.bake.to_json()
         bake_section["folded"] = list(bake_section.get("folded") or []) + [report.folded_entry()]
         roles = [CacheRoot(r, root / r) for r in manifest.roles if (root / r).is_dir()]
         if not any(c.role == "triton" for c in roles):
             roles.append(CacheRoot("triton", triton_dir))
         packed = pack_artifact(roles, out, target=bake.target, bake=bake_section, record=record,
-                               layer_root=manifest.layer_root, fingerprint_from=manifest.fingerprint)
+                               layer_root=manifest.layer_root, fingerprint_from=manifest.fingerprint.to_json())
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.layer_digest = packed.manifest.layer.digest

@@ -112,16 +112,13 @@ def read_manifest(artifact: str, target: str | None = None) -> dict[str, Any]:
 
 def _left_out(root: str) -> dict[str, str]:
     """Roles an install at ``root`` left out (install.json's ``left_out``): the server must
-    not be pointed at them.  install.json sits in a shared volume: its roles must be known
-    ones and its reasons strings (they become comments, folded onto one line)."""
+    not be pointed at them.  install.json sits in a shared volume: InstallMarker checks that
+    its roles are known ones and its reasons strings (they become comments, folded onto one
+    line); a malformed one is InvalidDocument."""
     from cachebake.install.atomic import InstallDir
 
-    left_out = (InstallDir(root).installed() or {}).get("left_out") or {}
-    if not isinstance(left_out, dict) or not all(
-            r in roles_mod.ROLE_ENV and isinstance(why, str) for r, why in left_out.items()):
-        raise InvalidDocument(f"{root}/.cachebake install.json", "left_out",
-                              "must map known cache roles to reasons")
-    return dict(left_out)
+    marker = InstallDir(root).installed()
+    return dict(marker.left_out) if marker else {}
 
 
 def _roles(value, c, field: str) -> list[str] | None:
