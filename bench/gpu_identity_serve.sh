@@ -16,9 +16,11 @@
 #           /tmp/gis/home-other and the traffic; then vLLM's own warm restart: root, HOME=/root,
 #           the bake root as it is                                                     (~7 min)
 #   verify  `cachebake verify --driver vllm` against /srv/cb as uid 65534 (the AOT check)
+#   recheck after `setup` on a fresh machine: the bake from tests/data installed at /srv/cb as
+#           uid 65534, then only the before-start check, with serve-args' env and without
 # Needs vLLM 0.24 in /tmp/vsite (../shared/vllm-on-h200: three device calls before `setup`).
 set -uo pipefail
-STAGE=${1:?usage: bash bench/gpu_identity_serve.sh setup|bake|serve|verify}
+STAGE=${1:?usage: bash bench/gpu_identity_serve.sh setup|bake|serve|verify|recheck}
 SRC=$(pwd)
 G=/tmp/gis; R=$G/results; OUT=${OUT:-$G/out}
 mkdir -p "$R" "$OUT"
@@ -72,6 +74,12 @@ EOF
   tar -C "$G" -cf "$OUT/artifact.tar" "$(basename "$ART")"
   chmod -R a+rX "$ART"
   ;;
+recheck)
+  rm -rf "$ART" && tar -C "$G" -xf "$SRC/tests/data/nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
+  chmod -R a+rX "$ART"
+  # the model dir the bake wrote (its config.json is compared), as the bake writes it
+  python3 -c "from cachebake.recipes import load_recipe; from cachebake.drivers.vllm_engine import write_model_dir; write_model_dir(load_recipe('nemotron-h'), '/models/nemotron-h-8b')"
+  ;&
 serve)
   rm -rf /srv/cb && mkdir -p /srv/cb && chown $NOBODY:$NOBODY /srv/cb
   timed install-moved "${AS_NOBODY[@]}" "${CB[@]}" install "$ART" --to /srv/cb --target sm_90 --json
@@ -91,6 +99,7 @@ EOF
   chmod a+r "$R"/*.sh
   timed check-with-env "${AS_NOBODY[@]}" sh "$R/check-with-env.sh"
   timed check-without-env "${AS_NOBODY[@]}" sh "$R/check-without-env.sh"
+  [ "$STAGE" = recheck ] && exit 0
   timed serve-moved python3 "$G/src/bench/vllm_serve_run.py" --serve-args "$R/sa-moved.json" --tok "$G/tok" \
     --port 8011 --work "$G/w-moved" --uid $NOBODY --home "$OTHER_HOME" --traffic --out "$R/serve-moved.json"
   cp "$G/w-moved/server.log" "$R/server-moved.log" 2>/dev/null

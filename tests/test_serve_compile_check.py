@@ -384,10 +384,9 @@ def real_bake(tmp_path_factory):
 
 def test_the_real_bakes_identity_travels_as_recorded(real_bake):
     art, manifest = real_bake
-    ci = manifest.bake.to_json()["compile_identity"] if hasattr(manifest.bake, "to_json") else manifest.bake["compile_identity"]
-    assert ci["path_factors"] == {"VLLM_CONFIG_ROOT": "/root/.config/vllm",
+    bake = manifest.bake.to_json()
+    assert bake["compile_identity"]["path_factors"] == {"VLLM_CONFIG_ROOT": "/root/.config/vllm",
                                   "VLLM_XLA_CACHE_PATH": "/root/.cache/vllm/xla_cache"}
-    bake = manifest.bake.to_json() if hasattr(manifest.bake, "to_json") else manifest.bake
     env = identity_serve_env(bake)
     assert env["VLLM_CONFIG_ROOT"] == "/root/.config/vllm"
     assert env["VLLM_XLA_CACHE_PATH"] == "/root/.cache/vllm/xla_cache"
@@ -407,7 +406,7 @@ def test_the_checks_compiler_factors_are_the_engines(real_bake):
     functorch digest and said every AOT bake would miss.  Under the same patch the check's
     digest is the recorded one (same torch build: 2.11.0)."""
     _, manifest = real_bake
-    bake = manifest.bake.to_json() if hasattr(manifest.bake, "to_json") else manifest.bake
+    bake = manifest.bake.to_json()
     recorded = bake["compile_identity"]["compiler_factors"]["functorch_config"]
     code = ("import json, torch; from cachebake.drivers import vllm_identity as vi; "
             "print(json.dumps([torch.__version__, vi.compiler_factors(aot_compile=True)['functorch_config'], "
