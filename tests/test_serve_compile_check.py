@@ -417,3 +417,19 @@ def test_the_checks_compiler_factors_are_the_engines(real_bake):
     if not version.startswith("2.11.0"):
         pytest.skip(f"the bake's torch is 2.11.0, this one {version}")
     assert under_aot == recorded and plain != recorded
+
+
+def test_the_real_bakes_dirs_are_predicted_from_the_engines_config_hash(real_bake):
+    """Found on the H200: the engine resolves more of its config during start-up than the
+    round's own VllmConfig (its hash differs); the dirs a server with the bake's inputs
+    computes are the ones the engine's hash names, in the installed tree."""
+    _, manifest = real_bake
+    identity = manifest.bake.to_json()["compile_identity"]
+    assert identity["engine"]["config_hash"] != identity["config_hash"]
+    server = {"env_hash": identity["engine"]["env_hash"], "env_factors": identity["env_factors"],
+              "vllm_version": identity["vllm_version"], "code_hash": identity["code_hash"],
+              "compiler_factors": identity["compiler_factors"]}
+    report = compare(identity, server, source="test", model=None)
+    assert not report.differences, [str(d) for d in report.differences]
+    assert report.predicted["backend_dirs"] == ["b5f17cf9b9"]
+    assert [h[:12] for h in report.predicted["aot"]] == ["a81caeba2363"]

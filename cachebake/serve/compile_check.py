@@ -437,8 +437,13 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
     # The dirs vLLM will compute here, where every input of the parts it cannot compute matched.
     report.baked = {"backend_dirs": identity.get("backend_dirs") or [],
                     "aot": [a.get("hash") for a in identity.get("aot") or [] if isinstance(a, dict)]}
-    if config_same and identity.get("config_hash"):
-        env_hash, config_hash = server.get("env_hash"), identity["config_hash"]
+    # The config hash the engine's backend hashed, where the probe saw it: the engine resolves
+    # more of the config during its start (found on the H200: the round's own VllmConfig hashed
+    # cd695692e2, the engine's db6c470b36, and only the latter names the baked dirs).  A server
+    # with the same inputs resolves the same.
+    engine_config_hash = (identity.get("engine") or {}).get("config_hash")
+    if config_same and (engine_config_hash or identity.get("config_hash")):
+        env_hash, config_hash = server.get("env_hash"), engine_config_hash or identity["config_hash"]
         code = server.get("code_hash") or identity.get("code_hash")
         if compiler_same and code_same and identity.get("compiler_hash") and code:
             report.predicted["backend_dirs"] = [vi.dir_hash(env_hash, config_hash, code,
