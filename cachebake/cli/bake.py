@@ -61,7 +61,9 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
 def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
           quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, plan_file, seed, jobs,
           retune, gpu_name, image, gpus, as_json, cmd):
-    """Check everything, run a warmup under the compile monitor until rounds stop compiling,
+    """Bake: warm up until rounds stop compiling, then pack.
+
+    Check everything, run a warmup under the compile monitor until rounds stop compiling,
     then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
     from cachebake.drivers.registry import default_out
 
@@ -124,7 +126,10 @@ def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, as_json, cmd):
-    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark."""
+    """Check an installed cache: one round, exit 8 on a compile.
+
+    Run one warmup round against an installed cache (the --to DIR of install); exit 8 on any
+    compile, autotune benchmark or helper build."""
     from cachebake.bake.verify import verify as run_verify
     from cachebake.cli.progress import RoundProgress
     from cachebake.cli.render import render_verify

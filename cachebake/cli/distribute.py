@@ -16,7 +16,9 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, IMAGE_NAME, K8S_NAME
 @click.option("--push", is_flag=True, help="Push the image through the daemon after building it.")
 @JSON_OPTION
 def image_cmd(artifact, tag, target, root, push, as_json):
-    """Build the cache image in a Docker daemon: FROM scratch, ARTIFACT installed at the serving
+    """Build the cache image (FROM scratch) in a Docker daemon.
+
+    FROM scratch, ARTIFACT installed at the serving
     root, for `COPY --from=TAG /var/cache/cachebake /var/cache/cachebake` in a serving Dockerfile."""
     from cachebake.distribute.image import build_cache_image
 
@@ -34,7 +36,9 @@ def image_cmd(artifact, tag, target, root, push, as_json):
               help="Registry credentials (docker config.json format; default: skopeo's search).")
 @JSON_OPTION
 def push(artifact, reference, target, tls_verify, authfile, as_json):
-    """Push ARTIFACT's bakes to a registry: REFERENCE is docker://HOST/REPO[:TAG] (no tag: one
+    """Push an artifact's bakes to a registry.
+
+    REFERENCE is docker://HOST/REPO[:TAG] (no tag: one
     tag per GPU target, e.g. :sm_90)."""
     from cachebake.distribute.registry import RegistryOptions, push_artifact
 
@@ -76,7 +80,9 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
         name, root, gpus, kind, pull_secret, tls_verify, vllm_role, tmp_size, size_from, fmt, as_json, cmd):
-    """Kubernetes manifests that give a vLLM server its bake: an init container filling an
+    """Write Kubernetes manifests that give a server its bake.
+
+    An init container filling an
     emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
     from cachebake.distribute.k8s import (ManifestReport, PodPlan, declared_bytes, manifest, render,
                                           server_command)

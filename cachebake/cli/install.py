@@ -41,7 +41,9 @@ from cachebake.distribute.registry import STALL_MIN_BYTES, STALL_TIMEOUT_S
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
             tls_verify, authfile, stall_timeout, check_only, sync, as_json):
-    """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
+    """Check a bake and install it into DIR, atomically.
+
+    Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
     ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
     from cachebake.cli.render import render_install
     from cachebake.distribute import registry

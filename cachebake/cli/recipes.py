@@ -10,7 +10,9 @@ from cachebake.cli.app import JSON_OPTION, main, output
 @main.command("recipes")
 @JSON_OPTION
 def recipes_cmd(as_json):
-    """List the model recipes: variants, architecture, Mamba shapes, default serve args."""
+    """List the bundled model recipes.
+
+    Variants, architecture, Mamba shapes, default serve args."""
     from cachebake.cli.render import render_recipes
     from cachebake.cli.reports import RecipesReport
     from cachebake.recipes import list_recipes
@@ -29,7 +31,9 @@ def recipes_cmd(as_json):
 @click.option("--stored", is_flag=True, help="Only the stored plan (never compute; no vllm needed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report (with the whole plan) as JSON.")
 def plan_cmd(model, serve_args, tp, gpu_memory, stored, as_json):
-    """What vLLM's engine will hand its Mamba2 kernels: block and page sizes, state views,
+    """Show the engine plan vLLM computes for a model.
+
+    What vLLM's engine will hand its Mamba2 kernels: block and page sizes, state views,
     block table, CUDA-graph sizes, warm-up batch (computed with vllm, CPU is enough)."""
     from cachebake.plan.report import make_plan_report
 

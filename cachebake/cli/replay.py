@@ -22,7 +22,9 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT
 @click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
 @JSON_OPTION
 def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, as_json):
-    """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
+    """Compile a record or served misses, no GPU needed.
+
+    Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
     or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
     from cachebake.replay.engine import stderr_progress
 
@@ -53,7 +55,9 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
 @click.argument("logs", nargs=-1, required=True, metavar="LOG|DIR...")
 @JSON_OPTION
 def misses_cmd(logs, as_json):
-    """Merge serve-time miss logs (install --overlay) from many replicas: misses per kernel and
+    """Merge the serve-time miss logs of many replicas.
+
+    Logs of install --overlay; misses per kernel and
     specialization, replicas, first and last seen, count."""
     from cachebake.replay.misses import merge
 
