@@ -17,7 +17,7 @@ from test_gpu import _fake_nvidia_smi
 
 from cachebake.drivers.command import CommandDriver
 from cachebake.drivers.registry import InProcessDriver, default_driver, default_out, make_driver
-from cachebake.errors import BadInput, Unsupported
+from cachebake.errors import BadInput, Unsupported, UsageError
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -88,12 +88,15 @@ def test_make_driver(monkeypatch):
     assert kernels.kwargs == {"model": "nemotron-h", "tp": 2, "serve_args": {"max_num_seqs": 64}}
     assert kernels.round_argv()[1:3] == ["-m", "cachebake.drivers.child"]
     assert json.loads(kernels.round_argv()[4])["serve_args"] == {"max_num_seqs": 64}
+    # a command line that names no warmup: usage errors (exit 2), as a missing argument is
     for bad, match in [(dict(driver=None, cmd=None), "nothing to run"),
                        (dict(driver="kernels", cmd=None), "nothing to run"),
                        (dict(driver="command", cmd=None), "runs the command after --"),
                        (dict(driver="kernels", cmd=["x"]), "not both"),
-                       (dict(driver="nope", cmd=None, model="nemotron-h"), "unknown driver"),
-                       (dict(driver="kernels", cmd=None, model="nemotron-hh"), "unknown model"),
+                       (dict(driver="nope", cmd=None, model="nemotron-h"), "unknown driver")]:
+        with pytest.raises(UsageError, match=match):
+            make_driver(bad.pop("driver"), bad.pop("cmd"), **bad)
+    for bad, match in [(dict(driver="kernels", cmd=None, model="nemotron-hh"), "unknown model"),
                        (dict(driver="kernels", cmd=None, model="nemotron-h", model_dir="/m"),
                         "--model-dir is for --driver vllm"),
                        (dict(driver="vllm", cmd=None, model="nemotron-h",

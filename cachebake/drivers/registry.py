@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachebake.drivers.command import CommandDriver
-from cachebake.errors import BadInput, CachebakeError, Unsupported
+from cachebake.errors import BadInput, CachebakeError, Unsupported, UsageError
 
 # --driver NAME -> the function that runs one round in-process.  Each takes (model, tp, ...).
 DRIVER_FUNCTIONS: dict[str, str] = {
@@ -186,17 +186,19 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` (default:
     ``default_driver()``) with ``--model``, which must name a recipe or a model config.
     ``plan``: an engine plan file (`cachebake plan --json`), kernels driver only."""
+    # What the command line asks for does not make a warmup: usage errors (exit 2), as a
+    # missing argument is; a model that is not there is bad input (exit 3, load_recipe).
     if cmd:
         if driver not in (None, "command"):
-            raise BadInput(f"give either --driver {driver} or -- CMD, not both")
+            raise UsageError(f"give either --driver {driver} or -- CMD, not both")
         return CommandDriver(list(cmd), model=model)
     if driver == "command":
-        raise BadInput("--driver command runs the command after --: give -- CMD...")
+        raise UsageError("--driver command runs the command after --: give -- CMD...")
     if driver is not None and driver not in DRIVER_FUNCTIONS:
-        raise BadInput(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
+        raise UsageError(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
     if not model:
-        raise BadInput("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
-                       "or a model directory) or the warmup command after --")
+        raise UsageError("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
+                         "or a model directory) or the warmup command after --")
     from cachebake.recipes import load_recipe
 
     load_recipe(model)  # a mistyped model is refused here, not in round 1
