@@ -89,8 +89,9 @@ def cpu_dockerfile(text: str) -> str:
 
 
 def cli(*args, check=True, **env) -> subprocess.CompletedProcess:
+    # DOCKER_HOST: the engines' daemon (.ci/containers.sh), unless the test names another
     r = subprocess.run([sys.executable, "-m", "cachebake.cli", *map(str, args)], capture_output=True,
-                       text=True, env={**env_with(**env), "DOCKER_HOST": os.environ.get("DOCKER_HOST", "")},
+                       text=True, env=env_with(**{"DOCKER_HOST": os.environ.get("DOCKER_HOST", ""), **env}),
                        cwd="/")
     if check and r.returncode != 0:
         raise AssertionError(f"cachebake {' '.join(map(str, args))} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
