@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
+from cachebake.cli.params import GPU_MEMORY
 
 
 @main.command("recipes")
@@ -26,7 +27,7 @@ def recipes_cmd(as_json):
 @click.option("--serve-args", "serve_args", default=None,
               help="The exact vLLM serving arguments: JSON or `vllm serve` flags (default: the recipe's).")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the serve args').")
-@click.option("--gpu-memory", "gpu_memory", default=None,
+@click.option("--gpu-memory", "gpu_memory", type=GPU_MEMORY, default=None,
               help="GPU memory in GiB or a class (h200, h100; default h200).")
 @click.option("--stored", is_flag=True, help="Only the stored plan (never compute; no vllm needed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report (with the whole plan) as JSON.")
