@@ -28,7 +28,10 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
               help="Cache root to bake in; serve from the same path (default /var/cache/cachebake). "
                    "Must be empty unless --reuse-root.")
 @click.option("--reuse-root", is_flag=True,
-              help="Bake on top of the caches already under --root (they are packed too).")
+              help="Bake on top of the caches already under --root (they are packed too, and kept).")
+@click.option("--keep-root", is_flag=True,
+              help="Keep the caches under --root after packing (default: removed once they are "
+                   "in the artifact, so the next build and `install --to ROOT` find it empty).")
 @click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
 @click.option("--until-stable/--no-until-stable", default=True, show_default=True,
               help="Run rounds until --quiet-rounds rounds in a row compile nothing (exit 10 if "
@@ -58,7 +61,7 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
               help="With --image: GPUs to request (all, a count, device=0,1, none).")
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
+def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, keep_root, target, until_stable,
           quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, plan_file, seed, jobs,
           retune, gpu_name, image, gpus, as_json, cmd):
     """Bake: warm up until rounds stop compiling, then pack.
@@ -76,7 +79,7 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
                         model=model, driver=driver, tp=tp, serve_args=serve_args,
                         model_dir=model_dir, target=target, until_stable=until_stable,
                         quiet_rounds=quiet_rounds, max_rounds=max_rounds, reuse_root=reuse_root,
-                        allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
+                        keep_root=keep_root, allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
                         as_json=as_json, cmd=cmd)
         return
     from cachebake.bake.build import build as run_build
@@ -95,7 +98,8 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
                            allow_invalidating=allow_env, work_dir=work_dir,
                            progress=RoundProgress(verb="bake"), warn=out_.warn,
                            layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
-                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune)
+                           seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
+                           keep_root=keep_root)
     out_.emit(report, render=render_build)
 
 

@@ -177,6 +177,14 @@ def render_build(report, console: Console) -> None:
                   f"{t.compiles} compiles ({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
                   f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
     console.print(f"  layer {report.pack.layer_digest}  {_mb(report.pack.manifest.layer.size)}")
+    root = escape(str(report.plan.root))
+    if report.root_cleared:
+        console.print(f"  removed the baked caches under {root}: they are in the artifact "
+                      f"(`cachebake install {escape(str(report.plan.out))} --to DIR` serves them; "
+                      "--keep-root keeps them)")
+    else:
+        console.print(f"  kept the caches under {root} (the next build there needs --reuse-root "
+                      "or an empty root)")
 
 
 def render_verify(report, console: Console) -> None:
