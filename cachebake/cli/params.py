@@ -155,6 +155,7 @@ class GpuMemoryType(click.ParamType):
 
 K8S_NAME = KubernetesFormType("NAME", "name")
 SECRET_NAME = KubernetesFormType("SECRET", "secret")
+CLAIM_NAME = KubernetesFormType("CLAIM", "claim")
 QUANTITY = KubernetesFormType("QUANTITY", "quantity")
 IMAGE_NAME = ImageNameType()
 ROLE_DIR = RoleDirType()
