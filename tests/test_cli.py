@@ -91,6 +91,7 @@ CASES = [
     (["build", "--serve-args", "{broken", "--model", "nemotron-h"], U),
     (["build", "--driver", "magic", "--model", "nemotron-h"], U),
     (["build", "--layer-root", "here", "--", "true"], U),
+    (["build", "--image", "img", "--keep-root", "--", "true"], U),
     (["verify", "--cache", "{tmp}/missing", "--", "true"], B),
     (["verify", "--cache", "/proc", "--", "true"], B),
     (["verify", "--cache", "{tmp}/busy", "--", "true"], B),

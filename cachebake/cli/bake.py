@@ -75,11 +75,16 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, keep_
             from cachebake.errors import BadInput
 
             raise BadInput("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
+        if keep_root:
+            from cachebake.errors import UsageError
+
+            raise UsageError("--keep-root does not apply with --image (the bake root is a temp "
+                             "directory of the container's, removed with it)")
         _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
                         model=model, driver=driver, tp=tp, serve_args=serve_args,
                         model_dir=model_dir, target=target, until_stable=until_stable,
                         quiet_rounds=quiet_rounds, max_rounds=max_rounds, reuse_root=reuse_root,
-                        keep_root=keep_root, allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
+                        allow_env=allow_env, layer_root=layer_root, prune_ir=prune_ir,
                         as_json=as_json, cmd=cmd)
         return
     from cachebake.bake.build import build as run_build

@@ -289,8 +289,9 @@ def run_bake_in_image(plan: BakeInImage) -> int:
         container = client.containers.run(plan.image, **kwargs)
     except _docker_errors() as e:
         shutil.rmtree(plan.work, ignore_errors=True)
-        raise CommandFailed(f"could not start cachebake in {plan.image}: {e} (the image needs "
-                            "cachebake installed: pip install cachebake)") from None
+        raise CommandFailed(f"could not start cachebake in {plan.image}: {' '.join(str(e).split())} "
+                            "(the image needs cachebake: the Dockerfile's serving-cachebake stage "
+                            "adds it)") from None
     try:
         tail: list[str] = []
 
@@ -326,7 +327,7 @@ def run_bake_in_image(plan: BakeInImage) -> int:
 
 def build_args(*, model=None, driver=None, tp=None, serve_args=None, model_dir=None, target=None,
                until_stable=True, quiet_rounds=None, max_rounds=None, reuse_root=False,
-               keep_root=False, allow_env=False, layer_root=None, prune_ir=False, as_json=False, cmd=()) -> list[str]:
+               allow_env=False, layer_root=None, prune_ir=False, as_json=False, cmd=()) -> list[str]:
     """``cachebake build`` options as flags again, for the run inside the image."""
     args: list[str] = []
     if isinstance(serve_args, dict):  # the option's type parsed it; hand it over as JSON
@@ -341,8 +342,6 @@ def build_args(*, model=None, driver=None, tp=None, serve_args=None, model_dir=N
         args.append("--no-until-stable")
     if reuse_root:
         args.append("--reuse-root")
-    if keep_root:
-        args.append("--keep-root")
     if allow_env:
         args.append("--allow-env")
     if prune_ir:
