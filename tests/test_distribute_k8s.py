@@ -600,3 +600,27 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, inst
     finally:
         _podman(engines, "pod", "rm", "-f", "cbvol")
         _podman(engines, "volume", "rm", "-f", *volumes)
+
+
+def test_a_kernels_bake_serves_with_the_flags_its_plan_was_computed_for(triton_cache, tmp_path):
+    """A --driver kernels bake records no engine, but its kernels were planned for exact serve
+    args: with --model (the path), the server gets those flags, not the recipe's defaults."""
+    from test_serve_command import _kernels_bake_section
+
+    bake = _kernels_bake_section()
+    bake["plan"]["serve_args"] = {**bake["plan"]["serve_args"], "max_num_seqs": 64}
+    art = tmp_path / "kernels-bake"
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90", bake=bake)
+    pinned = f"docker://reg.example/bakes/nemotron@{report.manifest_digest}"
+    r = cli("k8s", *_without(INIT, "--artifact"), "--artifact", pinned, "--bake", art)
+    (server,) = _pod(yaml.safe_load(r.stdout))["containers"]
+    flags = server["command"]
+    assert flags[:3] == ["vllm", "serve", MODEL_PATH]
+    assert flags[flags.index("--max-num-seqs") + 1] == "64"  # the recipe's default is 256
+    assert "engine plan was computed for" in r.stderr
+    bake["plan"]["serve_args"] = "--max-num-seqs 64"  # not an object: a malformed document
+    art2 = tmp_path / "kernels-bake-2"
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art2, target="sm_90", bake=bake)
+    bad = cli("k8s", *_without(INIT, "--artifact"), "--artifact",
+              f"docker://reg.example/bakes/nemotron@{report.manifest_digest}", "--bake", art2, check=False)
+    assert bad.returncode == ExitCode.CORRUPT and "bake.plan.serve_args" in bad.stderr, bad.stderr

@@ -155,7 +155,8 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest
         raise UsageError("give --model or a command after --, not both")
     if cmd:
         return list(cmd), {}, []
-    driver = ((manifest or {}).get("bake") or {}).get("driver") if isinstance(manifest, dict) else None
+    bake = manifest.get("bake") if isinstance(manifest, dict) else None
+    driver = bake.get("driver") if isinstance(bake, dict) else None
     if driver == "vllm":
         if model:
             raise UsageError("--bake is a --driver vllm bake: its own command serves; give --model "
@@ -171,8 +172,19 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest
     from cachebake.serveargs import BAKE_ONLY, resolve, serve_args_to_flags
 
     _, args, model_dir = resolve(model)
-    notes = [f"the server's flags are recipe {model}'s as this cachebake knows them: --bake ART (the "
-             "bake pushed) serves with the bake's own command and environment"] if driver is None else []
+    if driver == "kernels":  # its kernels were planned for exact serve args: serve with those
+        from cachebake.artifact.schema import Checker
+
+        c = Checker("--bake: bake manifest")
+        plan = c.obj(bake.get("plan") or {}, "bake.plan")
+        args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
+        notes = [f"the server's flags are those the --driver kernels bake's engine plan was computed "
+                 f"for; its model path is recipe {model}'s"]
+    elif driver is None:
+        notes = [f"the server's flags are recipe {model}'s as this cachebake knows them: --bake ART (the "
+                 "bake pushed) serves with the bake's own command and environment"]
+    else:  # a command bake: it records no serve args
+        notes = [f"the server's flags are recipe {model}'s: the --bake ran a command, not vLLM"]
     return (["vllm", "serve", model_dir,
              *serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})], {}, notes)
 
