@@ -594,8 +594,8 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, inst
         # the layered manager came from the copy on PYTHONPATH, and the sidecar streams its log
         assert seen["manager"] == "cachebake.serve.layered:LayeredCacheManager"
         assert seen["manager_file"].startswith("/cachebake-lib/cachebake/")
-        streamed = json.loads(_until_logged(engines, f"cbvol-{sidecar['name']}", '{"kind"', timeout=60) and
-                              '{"kind"' + _until_logged(engines, f"cbvol-{sidecar['name']}", '{"kind"'))
+        marker = '{"kind"'  # the line the server appended, as the sidecar's tail prints it
+        streamed = json.loads(marker + _until_logged(engines, f"cbvol-{sidecar['name']}", marker, timeout=60))
         assert streamed == {"kind": "kernel", "kernel": "stand_in_miss"}
     finally:
         _podman(engines, "pod", "rm", "-f", "cbvol")
