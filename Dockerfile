@@ -2,7 +2,8 @@
 # A vLLM serving image with its Triton/vLLM caches baked in by cachebake: the pattern to copy.
 #
 # On a GPU builder (README "Containers and Kubernetes"): Docker >= 27 with CDI, Buildx >= 0.22,
-# a BuildKit >= 0.20 builder that sees the GPU, e.g.
+# a BuildKit >= 0.20 builder that sees the GPU, from the checkout with its wheel in dist/, e.g.
+#   python3 -m pip wheel --no-deps -w dist .
 #   docker buildx create --name gpubuilder --driver-opt image=moby/buildkit:buildx-stable-1-gpu --bootstrap
 #   docker buildx build --builder gpubuilder --allow device \
 #     --build-arg BASE=vllm/vllm-openai:v0.33.0 --build-arg MODEL=nemotron-h -t my/vllm-baked .
@@ -19,10 +20,14 @@ ARG BASE
 ARG ROOT=/var/cache/cachebake
 
 # ---- the serving image plus cachebake (pure Python: click, zstandard, rich) ----------------
+# From the wheel of this checkout in the build context (cachebake is not on PyPI): make it first,
+#   python3 -m pip wheel --no-deps -w dist .
+# or give pip something else to install: --build-arg CACHEBAKE_PIP=SPEC (docker/install-cachebake.sh).
 FROM ${BASE} AS serving-cachebake
-ARG CACHEBAKE_PIP=cachebake
+ARG CACHEBAKE_PIP=
+RUN --mount=type=bind,source=.,target=/cachebake-context \
+    CACHEBAKE_PIP="$CACHEBAKE_PIP" sh /cachebake-context/docker/install-cachebake.sh /cachebake-context
 ARG ROOT
-RUN python3 -m pip install --no-cache-dir ${CACHEBAKE_PIP}
 # vLLM 0.24 hashes these two into its torch.compile cache key and derives them from HOME/XDG
 # (vllm/envs.py): set here, in the stage the bake and the server both start from, they are the
 # same whatever uid and HOME the server runs with (vLLM 0.33 no longer hashes them).  The serve

@@ -41,7 +41,7 @@ sweep() {  # label cache [runner...]: one timed sweep in a fresh process
 { nvidia-smi -L; python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name())'; } 2>&1 | tee "$LOGS/env.log"
 
 step "build: cachebake build --model nemotron-h --driver kernels --root $A --out $ART"
-timed build "${CB[@]}" build --model nemotron-h --driver kernels --root "$A" --out "$ART" --work-dir "$LOGS/build" --json
+timed build "${CB[@]}" build --model nemotron-h --driver kernels --root "$A" --keep-root --out "$ART" --work-dir "$LOGS/build" --json
 "${CB[@]}" inspect "$ART" --json >"$LOGS/inspect.json" 2>&1
 "${CB[@]}" inspect "$ART" 2>&1 | head -n 40
 

@@ -46,7 +46,7 @@ record() {  # label model cmd...: run, append {"label","model","rc","wall_s"} to
 log "1. bake ${MODELS[*]} (in parallel)"
 for m in "${MODELS[@]}"; do n=$(name "$m")
   rm -rf "/tmp/bake-$n" "/tmp/bake-$n.away" "/tmp/art-$n" "/srv/cb-$n"
-  record "build-$n" "$m" "${CB[@]}" build --model "$m" --driver kernels --root "/tmp/bake-$n" \
+  record "build-$n" "$m" "${CB[@]}" build --model "$m" --driver kernels --root "/tmp/bake-$n" --keep-root \
     --out "/tmp/art-$n" --work-dir "$LOGS/build-$n" --json &
 done
 wait

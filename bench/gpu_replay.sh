@@ -53,7 +53,7 @@ case $STAGE in
 bake)
   { nvidia-smi -L; nproc; "$PY" -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'; } 2>&1 | tee "$LOGS/env.log"
   rm -rf /tmp/rp-* "$OUT"/art-*; : >"$RES"
-  timed serial "${CB[@]}" build --model nemotron-h --driver kernels --root /tmp/rp-serial \
+  timed serial "${CB[@]}" build --model nemotron-h --driver kernels --root /tmp/rp-serial --keep-root \
     --out "$OUT/art-serial" --work-dir /tmp/rp-w-serial --json
   timed seeded "${CB[@]}" build --model nemotron-h --driver kernels --root /tmp/rp-seeded \
     --out /tmp/rp-art-seeded --work-dir /tmp/rp-w-seeded --seed "$OUT/art-serial" --jobs 16 --json

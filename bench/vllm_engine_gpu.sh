@@ -68,7 +68,7 @@ env)
   ;;
 bake)
   rm -rf "$ROOT" "$ROOT.baked" "$ART" "$V/build"
-  timed build "${CB[@]}" build --model nemotron-h --driver vllm --out "$ART" --work-dir "$V/build" --json
+  timed build "${CB[@]}" build --model nemotron-h --driver vllm --keep-root --out "$ART" --work-dir "$V/build" --json
   cp "$V"/build/*events*.jsonl "$R/" 2>/dev/null; cp "$R/build.out" "$R/build.json"
   "${CB[@]}" inspect "$ART" --json >"$R/inspect.json" 2>&1
   log "moving the bake root away: nothing may read $ROOT until the 'root' stage installs there"

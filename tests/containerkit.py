@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ SKIP_REASON = ("no container engines: .ci/containers.sh starts dockerd, a regist
 WARMUP = "python3 /opt/cachebake-ci/aot_kernels.py"  # put in the serving stand-in by the CI script
 ROOT = "/var/cache/cachebake"
 DEVICE_FLAG = "RUN --device=nvidia.com/gpu=all \\\n    "
+# What the Dockerfiles read from the build context beside dist/cachebake-*.whl (.dockerignore)
+CONTEXT_SCRIPTS = ("install-cachebake.sh", "cachebake-init.sh")
 
 
 @dataclass
@@ -89,8 +92,9 @@ def cpu_dockerfile(text: str) -> str:
 
 
 def cli(*args, check=True, **env) -> subprocess.CompletedProcess:
+    # DOCKER_HOST: the engines' daemon (.ci/containers.sh), unless the test names another
     r = subprocess.run([sys.executable, "-m", "cachebake.cli", *map(str, args)], capture_output=True,
-                       text=True, env={**env_with(**env), "DOCKER_HOST": os.environ.get("DOCKER_HOST", "")},
+                       text=True, env=env_with(**{"DOCKER_HOST": os.environ.get("DOCKER_HOST", ""), **env}),
                        cwd="/")
     if check and r.returncode != 0:
         raise AssertionError(f"cachebake {' '.join(map(str, args))} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -107,9 +111,40 @@ def engines() -> Engines:
     return engines_or_skip()
 
 
+def make_wheel(dest: Path, scratch: Path) -> Path:
+    """cachebake's wheel, as README says to make it (`pip wheel --no-deps -w dist .`), from a
+    copy of what the package is made of: setuptools writes build/ and *.egg-info into the
+    tree it builds, which must not be the checkout under test."""
+    src = scratch / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    shutil.copytree(REPO / "cachebake", src / "cachebake", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
+                   check=True, capture_output=True)
+    (wheel,) = dest.glob("cachebake-*.whl")
+    return wheel
+
+
+def build_context(dest: Path, wheel: Path) -> Path:
+    """A build context as the checkout is one once its wheel is in dist/: what .dockerignore lets
+    through (the wheel and docker/'s two scripts; tests/test_dockerfile.py holds it to that)."""
+    (dest / "dist").mkdir(parents=True)
+    shutil.copy2(wheel, dest / "dist" / wheel.name)
+    (dest / "docker").mkdir()
+    for script in CONTEXT_SCRIPTS:
+        shutil.copy2(REPO / "docker" / script, dest / "docker" / script)
+    return dest
+
+
 @pytest.fixture(scope="session")
-def dockerfile_context(engines, tmp_path_factory) -> Path:
-    ctx = tmp_path_factory.mktemp("dockerfile")
+def cachebake_wheel(tmp_path_factory) -> Path:
+    return make_wheel(tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("wheel-src"))
+
+
+@pytest.fixture(scope="session")
+def dockerfile_context(engines, cachebake_wheel, tmp_path_factory) -> Path:
+    ctx = build_context(tmp_path_factory.mktemp("dockerfile"), cachebake_wheel)
     (ctx / "Dockerfile").write_text(cpu_dockerfile((REPO / "Dockerfile").read_text()))
     return ctx
 
@@ -138,6 +173,18 @@ def container_artifact(engines, serving_cachebake, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def installer_image(engines) -> str:
-    return engines.build(REPO / "docker", f"{engines.registry}/cachebake-ci/installer:test",
+def installer_image(engines, cachebake_wheel, tmp_path_factory) -> str:
+    ctx = build_context(tmp_path_factory.mktemp("installer"), cachebake_wheel)
+    return engines.build(ctx, f"{engines.registry}/cachebake-ci/installer:test",
                          dockerfile=REPO / "docker" / "installer.Dockerfile", BASE=engines.base_image)
+
+
+@pytest.fixture(scope="session")
+def standin_server(engines, serving_cachebake, tmp_path_factory) -> str:
+    """The serving image with a stand-in `vllm` (tests/standin_vllm.py): `vllm serve MODEL ...`
+    checks the model is there and verifies the cache, then stays up as a server does."""
+    ctx = tmp_path_factory.mktemp("standin")
+    shutil.copy2(REPO / "tests" / "standin_vllm.py", ctx / "vllm")
+    (ctx / "vllm").chmod(0o755)  # COPY keeps the mode (COPY --chmod is newer than dockerd 20.10)
+    (ctx / "Dockerfile").write_text(f"FROM {serving_cachebake}\nCOPY vllm /usr/local/bin/vllm\n")
+    return engines.build(ctx, f"{engines.registry}/cachebake-ci/standin-server:test")

@@ -134,7 +134,7 @@ def test_every_check_runs_before_round_1(tmp_path, case, private_tmpdir, monkeyp
 
 def test_reuse_root_bakes_on_top_and_says_what_it_packs(tmp_path):
     root = tmp_path / "root"
-    assert build(tmp_path, "--out", str(tmp_path / "a"), "--target", "sm_90", "--",
+    assert build(tmp_path, "--out", str(tmp_path / "a"), "--target", "sm_90", "--keep-root", "--",
                  *warmup_cmd(tmp_path, 0)).exit_code == 0
     refused = build(tmp_path, "--out", str(tmp_path / "b"), "--target", "sm_90", "--",
                     *warmup_cmd(tmp_path, 0))
@@ -145,6 +145,58 @@ def test_reuse_root_bakes_on_top_and_says_what_it_packs(tmp_path):
     bake = json.loads(again.stdout)["bake"]
     assert [r["compiles"] for r in bake["per_round"]] == [0, 0]  # all hits from the root
     assert bake["env"]["root"] == str(root)
+    assert json.loads(again.stdout)["root_cleared"] is False  # --reuse-root: not ours to remove
+    assert any((root / "triton").iterdir())
+
+
+def test_the_documented_flow_on_one_machine_build_twice_then_install_at_the_root(tmp_path):
+    """README: `build`, and again, then `install ART --to ROOT` on the same machine.  The root
+    is emptied once its caches are packed, so neither refuses (both did: an unclean --root, and
+    a cache that is not an install in the way)."""
+    root = tmp_path / "root"
+    for out in ("a", "b"):
+        r = build(tmp_path, "--out", str(tmp_path / out), "--target", "sm_90", "--json", "--",
+                  *warmup_cmd(tmp_path, 0))
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert doc["root_cleared"] is True and doc["bake"]["per_round"][0]["compiles"] > 0
+        assert not root.exists()  # the bake made it; nothing of it is left
+    text = build(tmp_path, "--out", str(tmp_path / "c"), "--target", "sm_90", "--",
+                 *warmup_cmd(tmp_path, 0))
+    assert f"removed the baked caches under {root}" in text.stdout
+    installed = CliRunner().invoke(main, ["install", str(tmp_path / "a"), "--to", str(root),
+                                          "--target", "sm_90"])
+    assert installed.exit_code == 0, installed.output
+    assert f"TRITON_CACHE_DIR={root}/triton" in installed.stdout
+
+
+def test_clearing_the_root_removes_only_what_the_bake_made(tmp_path):
+    """A root that was there keeps its other files; a role dir that was there (empty) stays,
+    emptied; a role that is a symlink is left alone, and what it leads to too."""
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    (root / "triton").mkdir(parents=True)
+    (root / "notes.txt").write_text("mine")
+    elsewhere.mkdir()
+    (root / "flashinfer").symlink_to(elsewhere)  # empty, so the root is clean
+    r = build(tmp_path, "--out", str(tmp_path / "a"), "--target", "sm_90", "--",
+              *warmup_cmd(tmp_path, 0))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in root.iterdir()) == ["flashinfer", "notes.txt", "triton"]
+    assert list((root / "triton").iterdir()) == [] and (root / "notes.txt").read_text() == "mine"
+    assert (root / "flashinfer").is_symlink() and elsewhere.is_dir()
+
+
+def test_a_kept_root_and_a_failed_bake_keep_the_caches(tmp_path):
+    root = tmp_path / "root"
+    r = build(tmp_path, "--out", str(tmp_path / "a"), "--target", "sm_90", "--keep-root", "--",
+              *warmup_cmd(tmp_path, 0))
+    assert r.exit_code == 0 and "kept the caches under" in r.stdout
+    assert any((root / "triton").iterdir())
+    other = tmp_path / "other-root"
+    failed = build(tmp_path, "--out", str(tmp_path / "b"), "--target", "sm_90", "--max-rounds", "2",
+                   "--", *warmup_cmd(tmp_path, 99), root=other)
+    assert failed.exit_code == ExitCode.NOT_STABLE, failed.output
+    assert any((other / "triton").iterdir())  # what --reuse-root continues from
 
 
 def test_the_bake_target_is_the_visible_gpu_unless_a_cross_target_is_asked(tmp_path, monkeypatch):

@@ -113,3 +113,22 @@ def test_a_command_that_assigns_its_own_compilation_listener_is_still_watched(tm
     assert r.exit_code == 0, r.output
     assert "0 compiles, 2 cache hits" in r.stdout
     assert "heard [True]" in (tmp_path / "w" / "round-1.log").read_text()
+
+
+def test_the_triton_dir_of_an_install_names_the_install_dir(tmp_path, baked):
+    """`verify --cache DIR/triton`, the value of TRITON_CACHE_DIR install prints: exit 3, one
+    line naming DIR; DIR itself verifies."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    art, to = tmp_path / "art", tmp_path / "to"
+    pack_artifact([CacheRoot("triton", baked / "triton")], art, target="sm_90")
+    runner = CliRunner()
+    installed = runner.invoke(main, ["install", str(art), "--to", str(to), "--target", "sm_90"])
+    assert installed.exit_code == 0, installed.output
+    assert f"TRITON_CACHE_DIR={to}/triton" in installed.stdout
+    r = runner.invoke(main, ["verify", "--cache", f"{to}/triton", "--", *warmup(tmp_path, 128)])
+    assert r.exit_code == ExitCode.BAD_INPUT and r.stdout == ""
+    assert r.stderr == (f"cachebake: error: {to}/triton is the triton role of a cache root: give the "
+                        f"install dir {to}, not {to}/triton (verify --cache takes install's --to DIR)\n")
+    ok = runner.invoke(main, ["verify", "--cache", str(to), "--", *warmup(tmp_path, 128)])
+    assert ok.exit_code == 0, ok.output

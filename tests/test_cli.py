@@ -71,7 +71,11 @@ CASES = [
     (["inspect", "/proc"], B),
     (["inspect", "{art}", "--target", "sm_999"], U),
     (["inspect", "{art}", "--target", "sm_120"], S),
-    (["build", "--out", "{tmp}/o", "--target", "sm_90", "--root", "{tmp}/r"], U),  # nothing to run
+    (["build", "--out", "{tmp}/o", "--target", "sm_90", "--root", "{tmp}/r"], U),  # no model, no command
+    (["build"], U),
+    (["build", "--driver", "command", "--out", "{tmp}/o"], U),  # and no -- CMD
+    (["build", "--driver", "kernels", "--out", "{tmp}/o", "--", "true"], U),  # both
+    (["verify", "--cache", "{tmp}"], U),  # no model, no command
     (["build", "--model", "nemotron-hh", "--out", "{tmp}/o", "--root", "{tmp}/r"], B),
     (["build", "--model", "nemotron-h", "--out", "{tmp}/o", "--root", "{tmp}/r"], S),
     (["build", "--model", "nemotron-h", "--driver", "kernels", "--out", "{tmp}/o"], S),
@@ -88,6 +92,7 @@ CASES = [
     (["build", "--serve-args", "{broken", "--model", "nemotron-h"], U),
     (["build", "--driver", "magic", "--model", "nemotron-h"], U),
     (["build", "--layer-root", "here", "--", "true"], U),
+    (["build", "--image", "img", "--keep-root", "--", "true"], U),
     (["verify", "--cache", "{tmp}/missing", "--", "true"], B),
     (["verify", "--cache", "/proc", "--", "true"], B),
     (["verify", "--cache", "{tmp}/busy", "--", "true"], B),
@@ -222,15 +227,48 @@ def test_an_unwritable_out_and_an_unreadable_cache_for_a_non_root_user(triton_ca
     assert r.stderr == f"cachebake: error: {locked / 'triton'}: Permission denied\n"
 
 
-def test_recipes_fit_the_terminal(monkeypatch):
-    for columns in (60, 80, 120, 200):
+def test_recipes_piped_prints_each_recipes_serve_args_whole():
+    """A program (or a person copying from a pager) gets each recipe's flags on one line, at
+    any COLUMNS: rich used to fold them at 80, mid-flag."""
+    from cachebake.recipes import list_recipes
+    from cachebake.serveargs import serve_args_to_flags
+
+    for columns in (60, 80, 200):
         r = subprocess.run([sys.executable, "-m", "cachebake.cli", "recipes"], capture_output=True,
                            text=True, env={**os.environ, "PYTHONPATH": str(REPO),
                                            "COLUMNS": str(columns)})
         assert r.returncode == 0, r.stderr
-        widths = [len(line) for line in r.stdout.splitlines()]
-        assert max(widths) <= columns, (columns, max(widths))
-        assert "nemotron-h:8b" in r.stdout
+        lines = r.stdout.splitlines()
+        for recipe in list_recipes():
+            assert f"  serve args: {' '.join(serve_args_to_flags(recipe.serve_args))}" in lines
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120, 200])
+def test_recipes_on_a_terminal_break_serve_args_only_between_flags(columns):
+    import io
+
+    from rich.console import Console
+
+    from cachebake.cli.render import WIDE, render_recipes
+    from cachebake.cli.reports import RecipesReport
+    from cachebake.recipes import list_recipes
+    from cachebake.serveargs import serve_args_to_flags
+
+    buf = io.StringIO()
+    recipes = list_recipes()
+    render_recipes(RecipesReport(recipes), Console(file=buf, force_terminal=True, width=columns,
+                                                   color_system=None))
+    text = buf.getvalue()
+    assert "nemotron-h:8b" in text
+    for recipe in recipes:  # every flag and its value stay on one line
+        flags = serve_args_to_flags(recipe.serve_args)
+        pairs = [f"{f} {v}" for f, v in zip(flags, flags[1:]) if f.startswith("--") and not v.startswith("--")]
+        assert all(p in text for p in pairs), recipe.ref
+    if columns < WIDE:  # blocks; on a wide terminal a table, one flag per line of its cell
+        serve_lines = [ln for ln in text.splitlines() if ln.startswith("    --")]
+        assert serve_lines and all(len(ln) <= columns for ln in serve_lines)
+    else:
+        assert "default serve args" in text and max(map(len, text.splitlines())) <= columns
 
 
 def _sigint_when(proc, ready: Path, timeout: float = 60) -> None:

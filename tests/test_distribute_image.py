@@ -46,9 +46,21 @@ def test_docker_cache_dockerfile_is_what_image_builds():
     assert "\n".join(lines) + "\n" == CACHE_DOCKERFILE
 
 
-def test_no_daemon_is_one_line(tmp_path):
-    r = cli("image", tmp_path, "--tag", "x:y", check=False, DOCKER_HOST="unix:///nonexistent.sock")
-    assert r.returncode in (ExitCode.BAD_INPUT,) and r.stderr.count("\n") == 1
+def test_no_daemon_is_one_line_naming_the_socket_tried(tmp_path, triton_cache):
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    art = tmp_path / "art"
+    pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90")  # a real bake: the
+    # daemon is the first thing missing, not the artifact
+    sock = tmp_path / "no-daemon.sock"
+    r = cli("image", art, "--tag", "x:y", check=False, DOCKER_HOST=f"unix://{sock}")
+    assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr == (f"cachebake: error: cannot reach a Docker daemon at unix://{sock}: "
+                        "No such file or directory\n")
+    if not os.path.exists("/var/run/docker.sock"):  # the default, named when DOCKER_HOST is not set
+        r = cli("image", art, "--tag", "x:y", check=False, DOCKER_HOST="")
+        assert r.stderr == ("cachebake: error: cannot reach a Docker daemon at unix:///var/run/docker.sock: "
+                            "No such file or directory (set DOCKER_HOST to the daemon's socket)\n")
 
 
 @pytest.mark.containers

@@ -16,6 +16,7 @@ real; the image volume and the kubelet are not."""
 import errno
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -24,8 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containerkit import (ROOT, WARMUP, cli, container_artifact, dockerfile_context, engines,  # noqa: F401
-                          installer_image, serving_cachebake, verify_json)
+from containerkit import (ROOT, WARMUP, cachebake_wheel, cli, container_artifact, dockerfile_context,  # noqa: F401
+                          engines, installer_image, serving_cachebake, standin_server, verify_json)
+from installkit import REPO
 
 from cachebake.artifact.pack import CacheRoot, pack_artifact
 from cachebake.distribute.k8s import NONROOT_UID, VLLM_EMPTY_ROOT, PodPlan, manifest
@@ -44,9 +46,21 @@ def _k8s(*args) -> dict:
     return yaml.safe_load(cli("k8s", *args).stdout)
 
 
+# The init pattern as README writes it: the recipe served from a claim holding the model.
+INIT = ["--artifact", REF, "--serving-image", "vllm:1", "--installer-image", "inst:1", "--target", "sm_90",
+        "--model", "nemotron-h", "--model-pvc", "models"]
+# The image-volume pattern: cachebake copied onto the server's PYTHONPATH by the installer image.
+VOLUME = ["--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume", "--installer-image",
+          "inst:1", "--target", "sm_90", "--model", "nemotron-h", "--model-pvc", "models"]
+MODEL_PATH = "/models/nemotron-h-8b"  # the nemotron-h recipe's model directory
+
+
+def _env_of(container) -> dict:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
 def test_init_pattern_installs_for_the_server_path_with_the_serving_fingerprint():
-    pod = _pod(_k8s("--artifact", REF, "--serving-image", "vllm:1", "--installer-image", "inst:1",
-                    "--target", "sm_90", "--model", "nemotron-h"))
+    pod = _pod(_k8s(*INIT))
     lib, fp, install = pod["initContainers"]
     assert fp["image"] == "vllm:1" and install["image"] == lib["image"] == "inst:1"
     assert install["args"][:2] == ["install", REF] and install["args"][-1] == "--no-sync"
@@ -59,55 +73,81 @@ def test_init_pattern_installs_for_the_server_path_with_the_serving_fingerprint(
         assert sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
     assert {"name": "PYTHONPATH", "value": "/cachebake-lib"} in fp["env"]
     (server,) = pod["containers"]
-    assert server["command"][:3] == ["vllm", "serve", "/models/nemotron-h-8b"]
+    assert server["command"][:3] == ["vllm", "serve", MODEL_PATH]
     assert {"name": "cachebake", "mountPath": ROOT} in server["volumeMounts"]
     assert {"name": "TRITON_CACHE_DIR", "value": f"{ROOT}/triton"} in server["env"]
     assert {"name": "cachebake", "emptyDir": {}} in pod["volumes"]
+    # the model `vllm serve` reads, from the claim, read-only at that path
+    assert {"name": "model", "mountPath": MODEL_PATH, "readOnly": True} in server["volumeMounts"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
 
 
 def test_init_in_the_serving_image_needs_no_fingerprint_file():
     pod = _pod(_k8s("--artifact", REF, "--serving-image", "vllm:1", "--install-in-serving-image",
-                    "--target", "sm_90", "--pull-secret", "regcred"))
+                    "--target", "sm_90", "--pull-secret", "regcred", "--model", "nemotron-h",
+                    "--model-in-image"))
     (install,) = pod["initContainers"]
     assert install["image"] == "vllm:1" and install["command"][:3] == ["cachebake", "install", REF]
     assert "--fingerprint" not in install["command"]
     assert install["command"][-3:] == ["--authfile", "/cachebake-auth/config.json", "--no-sync"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    (server,) = pod["containers"]  # the image has the model: nothing mounted at its path
+    assert server["command"][2] == MODEL_PATH and not any(v["name"] == "model" for v in pod["volumes"])
 
 
 def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
-    r = cli("k8s", "--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume",
-            "--target", "sm_90")
+    r = cli("k8s", *VOLUME)
     pod = _pod(yaml.safe_load(r.stdout))
-    cache, vllm, overlay = pod["volumes"]
+    cache, vllm, overlay, lib, model = pod["volumes"]
     assert cache == {"name": "cachebake", "image": {"reference": PINNED.split("://")[1],
                                                     "pullPolicy": "IfNotPresent"}}
     assert vllm == {"name": "cachebake-vllm", "emptyDir": {}}
     assert overlay == {"name": "cachebake-overlay", "emptyDir": {}}
+    assert lib["name"] == "cachebake-lib" and model["name"] == "model"
     (server,) = pod["containers"]
     # The bake read-only at ROOT, the vllm role's writable copy mounted inside it, after it.
     assert server["volumeMounts"][:2] == [{"name": "cachebake", "mountPath": ROOT, "readOnly": True},
                                           {"name": "cachebake-vllm", "mountPath": f"{ROOT}/vllm"}]
-    env = {e["name"]: e["value"] for e in server["env"]}
+    env = _env_of(server)
     assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay"
     assert env["VLLM_CACHE_ROOT"] == f"{ROOT}/vllm" and env["TRITON_CACHE_DIR"] == f"{ROOT}/triton"
+    # The manager TRITON_CACHE_MANAGER names is importable: cachebake copied onto PYTHONPATH
+    assert env["TRITON_CACHE_MANAGER"] == "cachebake.serve.layered:LayeredCacheManager"
+    assert env["PYTHONPATH"] == "/cachebake-lib"
+    assert {"name": "cachebake-lib", "mountPath": "/cachebake-lib", "readOnly": True} in server["volumeMounts"]
+    copy, lib_copy, miss_log = pod["initContainers"]
+    assert lib_copy["image"] == "inst:1" and lib_copy["command"][-2:] == ["--copy-package", "/cachebake-lib"]
     # Filled by cp -a in the serving image, from the image mounted read-only elsewhere.
-    (copy,) = pod["initContainers"]
     assert copy["image"] == "vllm:1"
     assert copy["command"] == ["find", "/cachebake-image/vllm", "-mindepth", "1", "-maxdepth", "1",
                                "-exec", "cp", "-a", "{}", "/cachebake-vllm/", ";"]
     assert copy["volumeMounts"] == [{"name": "cachebake", "mountPath": "/cachebake-image", "readOnly": True},
                                     {"name": "cachebake-vllm", "mountPath": "/cachebake-vllm"}]
-    sc = copy["securityContext"]
-    assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
-    assert "assumed the bake has a vllm role" in r.stderr
+    # The miss log streamed to the Pod's logs by a native sidecar (README, "Serving")
+    assert miss_log["name"] == "miss-log" and miss_log["restartPolicy"] == "Always"
+    assert miss_log["command"] == ["tail", "-n", "+1", "-F", env["CACHEBAKE_MISS_LOG"]]
+    assert env["CACHEBAKE_MISS_LOG"] == "/var/cache/cachebake-overlay/misses.jsonl"
+    assert miss_log["volumeMounts"] == [{"name": "cachebake-overlay", "mountPath": "/var/cache/cachebake-overlay",
+                                         "readOnly": True}]
+    for c in pod["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+    assert "assumed the bake has a vllm role" in r.stderr and "PYTHONPATH" in r.stderr
+
+
+def test_image_volume_with_cachebake_in_the_serving_image_copies_nothing_onto_pythonpath():
+    args = [a for a in VOLUME if a not in ("--installer-image", "inst:1")]
+    pod = _pod(_k8s(*args, "--serving-image-has-cachebake"))
+    (server,) = pod["containers"]
+    assert "PYTHONPATH" not in _env_of(server)
+    assert [c["name"] for c in pod["initContainers"]] == ["cachebake-vllm-copy", "miss-log"]
+    assert not any(v["name"] == "cachebake-lib" for v in pod["volumes"])
 
 
 def test_image_volume_without_a_vllm_role_gets_an_empty_writable_vllm_root():
-    pod = _pod(_k8s("--artifact", PINNED, "--serving-image", "vllm:1", "--pattern", "image-volume",
-                    "--target", "sm_90", "--no-vllm-role"))
+    pod = _pod(_k8s(*VOLUME, "--no-vllm-role"))
     (server,) = pod["containers"]
-    assert "initContainers" not in pod
+    assert [c["name"] for c in pod["initContainers"]] == ["cachebake-lib", "miss-log"]
     assert {"name": "cachebake-vllm", "mountPath": VLLM_EMPTY_ROOT} in server["volumeMounts"]
     assert not any(m["mountPath"].startswith(ROOT + "/") for m in server["volumeMounts"])
     assert {"name": "VLLM_CACHE_ROOT", "value": VLLM_EMPTY_ROOT} in server["env"]
@@ -115,12 +155,105 @@ def test_image_volume_without_a_vllm_role_gets_an_empty_writable_vllm_root():
 
 def test_refusals_are_one_line():
     with pytest.raises(BadInput, match="registry reference"):
-        manifest(PodPlan(artifact="/local", serving_image="v", pattern="image-volume", target="sm_90"))
+        manifest(PodPlan(artifact="/local", serving_image="v", pattern="image-volume", target="sm_90",
+                         command=["x"], serving_image_has_cachebake=True))
     with pytest.raises(BadInput, match="installer-image"):
-        manifest(PodPlan(artifact=REF, serving_image="v", target="sm_90"))
+        manifest(PodPlan(artifact=REF, serving_image="v", target="sm_90", command=["x"]))
     r = cli("k8s", "--artifact", REF, "--serving-image", "v", "--target", "sm_90", "--model", "m", "--", "x",
             check=False)
-    assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1
+    assert r.returncode == ExitCode.USAGE and r.stderr.count("\n") == 1
+
+
+def _without(args, *options):
+    """``args`` without the given options (and the value of each that takes one)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = a not in ("--model-in-image", "--serving-image-has-cachebake", "--install-in-serving-image")
+        else:
+            out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("args, says", [
+    # the server needs a command: the serving image's entrypoint is not one
+    (_without(INIT, "--model", "--model-pvc"), "the server needs a command"),
+    # `vllm serve PATH` with nothing at PATH
+    (_without(INIT, "--model-pvc"), "give --model-pvc CLAIM"),
+    ([*INIT, "--model-in-image"], "not both"),
+    ([*_without(INIT, "--model"), "--", "python3", "-m", "server"], "serves no model directory"),
+    # image-volume: the layered manager must be importable in the server
+    (_without(VOLUME, "--installer-image"), "give --installer-image IMG"),
+    ([*VOLUME, "--serving-image-has-cachebake"], "one of them"),
+    ([*VOLUME, "--install-in-serving-image"], "is for --pattern init"),
+    ([*INIT, "--serving-image-has-cachebake"], "is for --pattern image-volume"),
+    ([*INIT, "--model-pvc", "Models_"], "PersistentVolumeClaim name"),
+])
+def test_a_manifest_that_could_not_run_as_written_is_refused_naming_what_to_give(args, says):
+    r = cli("k8s", *args, check=False)
+    assert r.returncode == ExitCode.USAGE, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+
+
+def test_a_name_cachebake_uses_for_its_own_containers_is_refused():
+    r = cli("k8s", *INIT, "--name", "miss-log", check=False)
+    assert r.returncode == ExitCode.BAD_INPUT and "a container cachebake adds" in r.stderr
+
+
+def _vllm_bake(triton_cache, tmp_path, layer_root=ROOT) -> tuple[Path, str]:
+    """A bake whose section is what the vllm driver records (model path, serve args, the env it
+    ran with): what `serve-args` prints a command from; and the reference pinned to it."""
+    art = tmp_path / "vllm-bake"
+    bake = {"driver": "vllm", "model": {"path": "/models/served-here"},
+            "serve_args": {"max_num_seqs": 8, "enable_prefix_caching": True},
+            "serve_env": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
+            "env": {"root": ROOT, "invalidating_env_vars": {"TRITON_DEFAULT_FP_FUSION": "0"}}}
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90", bake=bake,
+                           layer_root=layer_root)
+    return art, f"docker://reg.example/bakes/nemotron@{report.manifest_digest}"
+
+
+@pytest.mark.parametrize("pattern", ["init", "image-volume"])
+def test_the_server_runs_the_bakes_own_command_and_environment(pattern, triton_cache, tmp_path):
+    from cachebake.serve.command import read_manifest, serve_command
+
+    art, pinned = _vllm_bake(triton_cache, tmp_path)
+    base = [*_without(INIT if pattern == "init" else VOLUME, "--model", "--artifact"), "--artifact", pinned]
+    r = cli("k8s", *base, "--bake", art)
+    pod = _pod(yaml.safe_load(r.stdout))
+    (server,) = pod["containers"]
+    expected = serve_command(read_manifest(str(art), "sm_90"), root=ROOT)
+    assert server["command"] == expected.argv
+    assert expected.argv[:3] == ["vllm", "serve", "/models/served-here"]
+    assert {"--max-num-seqs", "8", "--enable-prefix-caching"} <= set(expected.argv[3:])
+    env = _env_of(server)
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1" and env["TRITON_DEFAULT_FP_FUSION"] == "0"
+    assert {k: env[k] for k in expected.env} == expected.env  # what serve-args prints, exactly
+    assert {"name": "model", "mountPath": "/models/served-here", "readOnly": True} in server["volumeMounts"]
+    assert "recipe" not in r.stderr
+    # --model beside a bake that names its own
+    both = cli("k8s", *base, "--bake", art, "--model", "nemotron-h", check=False)
+    assert both.returncode == ExitCode.USAGE and "not both" in both.stderr
+
+
+def test_an_image_volume_of_a_bake_packed_for_another_root_is_refused(triton_cache, tmp_path):
+    art, pinned = _vllm_bake(triton_cache, tmp_path, layer_root="/srv/elsewhere")
+    r = cli("k8s", *_without(VOLUME, "--model", "--artifact"), "--artifact", pinned, "--bake", art, check=False)
+    assert r.returncode == ExitCode.BAD_INPUT and "--root /srv/elsewhere" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_without_pyyaml_the_manifest_is_json_kubectl_reads(tmp_path):
+    shadow = tmp_path / "shadow"
+    (shadow / "yaml").mkdir(parents=True)
+    (shadow / "yaml" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'yaml'\", name='yaml')\n")
+    r = cli("k8s", *INIT, PYTHONPATH=f"{shadow}{os.pathsep}{REPO}")
+    assert json.loads(r.stdout) == _k8s(*INIT)
+    assert "PyYAML is not installed: wrote the manifest as JSON" in r.stderr
+    asked = cli("k8s", *INIT, "--format", "yaml", check=False, PYTHONPATH=f"{shadow}{os.pathsep}{REPO}")
+    assert asked.returncode == ExitCode.UNSUPPORTED and "cachebake[k8s]" in asked.stderr
 
 
 # ------------------------------------------------------------- hostile text in the manifest
@@ -136,7 +269,8 @@ HOSTILE = [EXTRA_POD, "/models/m\n# note\n---\n", "'\"; $(touch /tmp/pwned) `id`
 
 def _hostile_plan(text, kind="pod"):
     return PodPlan(artifact=f"/bakes/art{text}", serving_image="vllm:1", installer_image="i:1",
-                   target="sm_90", kind=kind, command=["vllm", "serve", f"/models{text}", "--x", text])
+                   target="sm_90", kind=kind, command=["vllm", "serve", f"/models{text}", "--x", text],
+                   model_in_image=True)
 
 
 @pytest.mark.parametrize("kind", ["pod", "deployment"])
@@ -147,7 +281,8 @@ def test_hostile_text_parses_back_to_exactly_the_one_document_built(text, kind, 
     outside a string."""
     plan = _hostile_plan(text, kind)
     r = cli("k8s", "--kind", kind, "--artifact", plan.artifact, "--serving-image", "vllm:1",
-            "--installer-image", "i:1", "--target", "sm_90", "--", *plan.command, check=False)
+            "--installer-image", "i:1", "--target", "sm_90", "--model-in-image", "--", *plan.command,
+            check=False)
     assert r.returncode == 0, r.stderr
     expected, notes = manifest(plan)
     docs = list(yaml.safe_load_all(r.stdout))
@@ -162,7 +297,7 @@ def test_hostile_text_parses_back_to_exactly_the_one_document_built(text, kind, 
     assert "\x1b" not in r.stderr
     json_text = cli("k8s", "--format", "json", "--kind", kind, "--artifact", plan.artifact,
                     "--serving-image", "vllm:1", "--installer-image", "i:1", "--target", "sm_90",
-                    "--", *plan.command).stdout
+                    "--model-in-image", "--", *plan.command).stdout
     assert json.loads(json_text) == expected
     if text == EXTRA_POD:  # still one valid Pod/Deployment for the API server's own schema
         path = tmp_path / "m.yaml"
@@ -190,7 +325,7 @@ def test_a_note_is_one_comment_line_whatever_its_text():
     ("--pull-secret", "Reg_Cred"), ("--tmp-size", "2Gi\n"), ("--tmp-size", "lots")])
 def test_a_value_kubernetes_cannot_take_is_a_usage_error_naming_the_option(option, value):
     args = {"--artifact": REF, "--serving-image": "vllm:1", "--installer-image": "i:1", "--target": "sm_90",
-            option: value}
+            "--model": "nemotron-h", "--model-pvc": "models", option: value}
     r = cli("k8s", *[x for kv in args.items() for x in kv], check=False)
     assert r.returncode == ExitCode.USAGE, r.stdout + r.stderr
     assert r.stdout == "" and r.stderr.count("\n") == 1 and option in r.stderr
@@ -201,7 +336,7 @@ def test_the_python_api_refuses_what_the_cli_refuses():
     for change in ({"name": "a\nb"}, {"serving_image": "v\n---"}, {"root": "/r\n"}, {"root": "rel"},
                    {"pull_secret": "A"}, {"tmp_size": "1 Gi"}):
         plan = PodPlan(**{"artifact": REF, "serving_image": "v", "installer_image": "i", "target": "sm_90",
-                          **change})
+                          "command": ["x"], **change})
         with pytest.raises(BadInput):
             manifest(plan)
 
@@ -211,7 +346,8 @@ def _tmp_volume(pod):
 
 
 def test_the_init_pods_tmp_has_a_size_limit(tmp_path, triton_cache):
-    base = ["--artifact", REF, "--serving-image", "vllm:1", "--installer-image", "i:1", "--target", "sm_90"]
+    base = ["--artifact", REF, "--serving-image", "vllm:1", "--installer-image", "i:1", "--target", "sm_90",
+            "--model", "nemotron-h", "--model-in-image"]
     r = cli("k8s", *base)
     assert _tmp_volume(_pod(yaml.safe_load(r.stdout))) == {"name": "cachebake-tmp", "emptyDir": {"sizeLimit": "2Gi"}}
     assert "limited to 2Gi, the default" in r.stderr
@@ -225,11 +361,11 @@ def test_the_init_pods_tmp_has_a_size_limit(tmp_path, triton_cache):
     want = f"{-(-(blobs + (64 << 20)) // (1 << 20))}Mi"
     pinned = f"docker://reg.example/bakes/nemotron@{report.manifest_digest}"
     for ref in (REF, pinned):
-        r = cli("k8s", *base[2:], "--artifact", ref, "--size-from", art)
+        r = cli("k8s", *base[2:], "--artifact", ref, "--bake", art)
         assert _tmp_volume(_pod(yaml.safe_load(r.stdout)))["emptyDir"] == {"sizeLimit": want}
     # a local copy that is not the image the reference pins says nothing about it
-    r = cli("k8s", *base[2:], "--artifact", PINNED, "--size-from", art, check=False)
-    assert r.returncode == ExitCode.BAD_INPUT and "--size-from" in r.stderr and r.stderr.count("\n") == 1
+    r = cli("k8s", *base[2:], "--artifact", PINNED, "--bake", art, check=False)
+    assert r.returncode == ExitCode.BAD_INPUT and "--bake" in r.stderr and r.stderr.count("\n") == 1
 
 
 def _validate(path, version="1.35.0"):
@@ -241,12 +377,14 @@ def _validate(path, version="1.35.0"):
 
 @pytest.mark.parametrize("pattern, kind, extra", [
     ("init", "deployment", []), ("init", "pod", []), ("image-volume", "deployment", []),
-    ("image-volume", "pod", []), ("image-volume", "deployment", ["--no-vllm-role"])])
+    ("image-volume", "pod", []), ("image-volume", "deployment", ["--no-vllm-role"]),
+    ("image-volume", "pod", ["--serving-image-has-cachebake"])])
 def test_manifests_pass_the_kubernetes_1_35_schema(pattern, kind, extra, tmp_path):
     path = tmp_path / "m.yaml"
-    path.write_text(cli("k8s", "--artifact", PINNED, "--serving-image", "vllm:1", "--installer-image", "i:1",
+    installer = [] if "--serving-image-has-cachebake" in extra else ["--installer-image", "i:1"]
+    path.write_text(cli("k8s", "--artifact", PINNED, "--serving-image", "vllm:1", *installer,
                         "--pattern", pattern, "--kind", kind, "--target", "sm_90", "--model", "nemotron-h",
-                        "--pull-secret", "regcred", *extra).stdout)
+                        "--model-pvc", "models", "--pull-secret", "regcred", *extra).stdout)
     r = _validate(path)
     assert r.returncode == 0, r.stdout + r.stderr
     if pattern == "image-volume":  # volumes[].image is not in older schemas
@@ -261,11 +399,35 @@ def _volume(engines, name) -> Path:
     return Path(_podman(engines, "volume", "inspect", name, "--format", "{{.Mountpoint}}").stdout.strip())
 
 
+def _until_logged(engines, container: str, marker: str, timeout: float = 300) -> str:
+    """The log line starting with ``marker`` of a container that stays up (a server), waiting
+    for it; fails with its logs if the container exits first or nothing comes in time."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = _podman(engines, "logs", container)
+        for line in logs.stdout.splitlines():
+            if line.startswith(marker):
+                return line[len(marker):]
+        state = json.loads(_podman(engines, "inspect", container).stdout or "[{}]")[0].get("State", {})
+        if state.get("Status") == "exited" and state.get("ExitCode"):
+            raise AssertionError(f"{container} exited {state['ExitCode']}: {logs.stdout[-2000:]}{logs.stderr[-2000:]}")
+        assert time.monotonic() < deadline, f"{container}: nothing logged: {logs.stdout[-2000:]}{logs.stderr[-2000:]}"
+        time.sleep(1)
+
+
 @pytest.mark.containers
 @pytest.mark.slow
 @pytest.mark.parametrize("installer", ["installer-image", "serving-image"])
-def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
-        engines, container_artifact, installer_image, serving_cachebake, installer, tmp_path):
+def test_podman_plays_the_init_pod_as_written_and_the_server_starts_with_no_compile(
+        engines, container_artifact, installer_image, standin_server, installer, tmp_path):
+    """The Pod exactly as `cachebake k8s` writes it (README's command: the recipe's `vllm serve`,
+    the model from a claim, the bake's sizes from --bake), played by podman: the installer pulls
+    the bake from the registry, checked against the serving image's fingerprint; the server's
+    `vllm serve` is the stand-in (tests/standin_vllm.py), which finds the model at its path and
+    verifies the cache there with 0 compiles.  Only podman's own flags differ from kubectl's:
+    the network (the registry is on this namespace's loopback) and plain-HTTP pulls."""
     if not engines.podman:
         pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
     if not engines.private_netns:
@@ -273,29 +435,32 @@ def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
                     "namespace: run under .ci/containers.sh")
     ref = json.loads(cli("push", container_artifact, f"docker://{engines.registry}/bakes/pod",
                          "--json").stdout)["pushed"][0]["pinned"]
-    for image in (installer_image, serving_cachebake):
+    for image in (installer_image, standin_server):
         engines.docker("push", image)
     how = (["--installer-image", installer_image] if installer == "installer-image"
            else ["--install-in-serving-image"])
-    doc = yaml.safe_load(cli(
-        "k8s", "--kind", "pod", "--name", "cbpod", "--artifact", ref, "--serving-image", serving_cachebake,
-        *how, "--target", "sm_90", "--gpus", "0",
-        "--", "cachebake", "verify", "--cache", ROOT, "--json", "--", *WARMUP.split()).stdout)
-    doc["spec"]["restartPolicy"] = "Never"  # a one-shot verify in place of a server
+    text = cli("k8s", "--kind", "pod", "--name", "cbpod", "--artifact", ref, "--serving-image", standin_server,
+               *how, "--target", "sm_90", "--gpus", "0", "--model", "nemotron-h", "--model-pvc", "cbmodel",
+               "--bake", container_artifact).stdout
     path = tmp_path / "pod.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    volumes = [v["name"] for v in doc["spec"]["volumes"]]
+    path.write_text(text)  # as written
+    doc = yaml.safe_load(text)
+    volumes = [v["name"] for v in doc["spec"]["volumes"] if "emptyDir" in v]
     _podman(engines, "pod", "rm", "-f", "cbpod")
-    _podman(engines, "volume", "rm", "-f", *volumes)
+    _podman(engines, "volume", "rm", "-f", "cbmodel", *volumes)
+    # The claim: podman plays a persistentVolumeClaim as the named volume; the model is there.
+    assert _podman(engines, "volume", "create", "cbmodel").returncode == 0
+    config = {"architectures": ["NemotronHForCausalLM"], "stand_in": True}
+    (_volume(engines, "cbmodel") / "config.json").write_text(json.dumps(config))
     try:
-        # --network host: the namespace's own loopback, where the registry listens; no bridge.
         play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", path, timeout=600)
         assert play.returncode == 0, play.stderr[-3000:]
-        _podman(engines, "wait", "cbpod-cbpod", timeout=300)
-        state = json.loads(_podman(engines, "inspect", "cbpod-cbpod").stdout)[0]["State"]
-        logs = _podman(engines, "logs", "cbpod-cbpod")
-        assert state["ExitCode"] == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
-        report = verify_json(logs.stdout)
+        seen = json.loads(_until_logged(engines, "cbpod-cbpod", "STAND-IN-SERVER "))
+        assert seen["argv"] == doc["spec"]["containers"][0]["command"][1:]
+        assert seen["argv"][1] == MODEL_PATH and seen["model_config"] == config
+        assert seen["model_writable"] is False  # the claim is mounted read-only
+        assert seen["verify_rc"] == 0, seen["verify"]
+        report = seen["verify"]
         assert report["ok"] and report["compiles"] == 0 and report["cache_hits"] == 3
         data = _volume(engines, "cachebake")
         marker = json.loads((data / ".cachebake" / "current" / "install.json").read_text())
@@ -307,7 +472,7 @@ def test_podman_plays_the_init_pod_and_the_server_verifies_with_no_compile(
             assert fingerprint["triton_key"] and fingerprint["triton_version"] == "3.6.0"
     finally:
         _podman(engines, "pod", "rm", "-f", "cbpod")
-        _podman(engines, "volume", "rm", "-f", *volumes)
+        _podman(engines, "volume", "rm", "-f", "cbmodel", *volumes)
 
 
 def _image_tree(art: Path, dest: Path) -> Path:
@@ -342,15 +507,27 @@ try:
     out["triton"] = "writable"
 except OSError as e:
     out["triton"] = e.errno
+# The cache manager TRITON_CACHE_MANAGER names imports here (cachebake from PYTHONPATH, copied by
+# cachebake-lib: this image has none); a miss line for the sidecar to stream.
+import importlib
+module, _, cls = os.environ["TRITON_CACHE_MANAGER"].partition(":")
+manager = getattr(importlib.import_module(module), cls)
+out["manager"] = f"{manager.__module__}:{manager.__qualname__}"
+out["manager_file"] = importlib.import_module(module).__file__
+with open(os.environ["CACHEBAKE_MISS_LOG"], "a") as f:
+    f.write(json.dumps({"kind": "kernel", "kernel": "stand_in_miss"}) + "\n")
 print(json.dumps(out))
 """
 
 
 @pytest.mark.containers
 @pytest.mark.slow
-def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, tmp_path):
+def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, installer_image, tmp_path):
     """The image-volume Pod's vllm-role copy (see the module docstring for what stands in for the
-    image volume): a real bake's vllm role (the H200 excerpt, packed for ROOT) and Triton role."""
+    image volume): a real bake's vllm role (the H200 excerpt, packed for ROOT) and Triton role;
+    cachebake copied onto the server's PYTHONPATH (the serving image has none) and the miss log
+    streamed by the sidecar.  podman 4.3 runs every init container to completion (no native
+    sidecars, KEP-753), so the miss-log sidecar plays as a regular container of the Pod."""
     if not engines.podman:
         pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
     if not engines.private_netns:
@@ -370,14 +547,21 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, tmp_
     image_tree.chmod(0o755)
     expected = {str(p.relative_to(image_tree / "vllm")): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in (image_tree / "vllm").rglob("*") if p.is_file()}
-    serving = f"{engines.registry}/cachebake-ci/serving:test"  # any image with cp and python3
+    serving = f"{engines.registry}/cachebake-ci/serving:test"  # Triton, cp, tail, python3; no cachebake
     engines.docker("tag", engines.serving_image, serving)
-    engines.docker("push", serving)
+    for image in (serving, installer_image):
+        engines.docker("push", image)
     doc = yaml.safe_load(cli(
         "k8s", "--kind", "pod", "--name", "cbvol", "--pattern", "image-volume", "--serving-image", serving,
+        "--installer-image", installer_image,
         "--artifact", f"docker://{engines.registry}/bakes/vol:sm_90", "--target", "sm_90", "--gpus", "0",
         "--", "python3", "-c", _SERVER_CHECK.strip()).stdout)  # (podman 4.3 misreads a leading newline)
     doc["spec"]["restartPolicy"] = "Never"
+    inits = doc["spec"]["initContainers"]
+    (sidecar,) = [c for c in inits if c.get("restartPolicy") == "Always"]
+    inits.remove(sidecar)
+    del sidecar["restartPolicy"]
+    doc["spec"]["containers"].append(sidecar)
     vols = {v["name"]: v for v in doc["spec"]["volumes"]}
     del vols["cachebake"]["image"]
     vols["cachebake"]["hostPath"] = {"path": str(image_tree), "type": "Directory"}
@@ -407,6 +591,36 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, tmp_
         assert not list(image_tree.rglob("written-by-the-server"))
         assert len(list(empty_dir.rglob("written-by-the-server"))) == 2
         assert {p.name for p in image_tree.iterdir()} == {"triton", "vllm"}
+        # the layered manager came from the copy on PYTHONPATH, and the sidecar streams its log
+        assert seen["manager"] == "cachebake.serve.layered:LayeredCacheManager"
+        assert seen["manager_file"].startswith("/cachebake-lib/cachebake/")
+        marker = '{"kind"'  # the line the server appended, as the sidecar's tail prints it
+        streamed = json.loads(marker + _until_logged(engines, f"cbvol-{sidecar['name']}", marker, timeout=60))
+        assert streamed == {"kind": "kernel", "kernel": "stand_in_miss"}
     finally:
         _podman(engines, "pod", "rm", "-f", "cbvol")
         _podman(engines, "volume", "rm", "-f", *volumes)
+
+
+def test_a_kernels_bake_serves_with_the_flags_its_plan_was_computed_for(triton_cache, tmp_path):
+    """A --driver kernels bake records no engine, but its kernels were planned for exact serve
+    args: with --model (the path), the server gets those flags, not the recipe's defaults."""
+    from test_serve_command import _kernels_bake_section
+
+    bake = _kernels_bake_section()
+    bake["plan"]["serve_args"] = {**bake["plan"]["serve_args"], "max_num_seqs": 64}
+    art = tmp_path / "kernels-bake"
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90", bake=bake)
+    pinned = f"docker://reg.example/bakes/nemotron@{report.manifest_digest}"
+    r = cli("k8s", *_without(INIT, "--artifact"), "--artifact", pinned, "--bake", art)
+    (server,) = _pod(yaml.safe_load(r.stdout))["containers"]
+    flags = server["command"]
+    assert flags[:3] == ["vllm", "serve", MODEL_PATH]
+    assert flags[flags.index("--max-num-seqs") + 1] == "64"  # the recipe's default is 256
+    assert "engine plan was computed for" in r.stderr
+    bake["plan"]["serve_args"] = "--max-num-seqs 64"  # not an object: a malformed document
+    art2 = tmp_path / "kernels-bake-2"
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art2, target="sm_90", bake=bake)
+    bad = cli("k8s", *_without(INIT, "--artifact"), "--artifact",
+              f"docker://reg.example/bakes/nemotron@{report.manifest_digest}", "--bake", art2, check=False)
+    assert bad.returncode == ExitCode.CORRUPT and "bake.plan.serve_args" in bad.stderr, bad.stderr

@@ -72,3 +72,68 @@ def test_cache_stage_holds_only_the_installed_tree(engines, dockerfile_context, 
     assert links[f"{ROOT[1:]}/triton"] == ".cachebake/current/triton"
     marker = next(m for m in layer.getmembers() if m.name.endswith("/install.json"))
     assert json.load(layer.extractfile(marker))["serve_at"] == ROOT
+
+
+# ------------------------------------------------------------- cachebake from the checkout's wheel
+# cachebake is not on PyPI: both images install the checkout's own wheel from the build context
+# (docker/install-cachebake.sh), which .dockerignore keeps down to what they read.
+
+def _context_reads(text: str) -> set[str]:
+    """The build-context paths a Dockerfile reads: COPY sources, and the scripts its RUNs run
+    from the bind-mounted context."""
+    reads = set(re.findall(r"^COPY (?!--from)(\S+) ", text, re.M))
+    reads |= set(re.findall(r"/cachebake-context/(docker/[\w.-]+)", text))
+    return reads
+
+
+def test_the_build_context_holds_what_the_dockerfiles_read_and_nothing_else():
+    from containerkit import CONTEXT_SCRIPTS
+
+    ignore = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert ignore[0] == "*"  # everything out, then exactly these back in
+    admitted = {ln[1:] for ln in ignore[1:]}
+    scripts = {f"docker/{s}" for s in CONTEXT_SCRIPTS}
+    assert admitted == {"dist/cachebake-*.whl", *scripts}
+    installer = (REPO / "docker" / "installer.Dockerfile").read_text()
+    assert _context_reads(DOCKERFILE) == {"docker/install-cachebake.sh"}
+    assert _context_reads(installer) == scripts
+    for text in (DOCKERFILE, installer):
+        assert "ARG CACHEBAKE_PIP=\n" in text  # the default: the wheel, never PyPI's name
+
+
+def _install_script(context, venv, **env):
+    import os
+    import subprocess
+
+    return subprocess.run(["sh", str(REPO / "docker" / "install-cachebake.sh"), str(context)],
+                          capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{venv}/bin:{os.environ['PATH']}", **env})
+
+
+@pytest.mark.slow
+def test_the_install_script_takes_the_one_wheel_of_the_context(tmp_path):
+    """As the image builds run it (python3 and pip on PATH): no wheel or two wheels is one line
+    saying how to make one; the one wheel installs with its dependencies and runs."""
+    import subprocess
+    import sys
+
+    from containerkit import make_wheel
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    (tmp_path / "empty").mkdir()
+    none = _install_script(tmp_path / "empty", venv)
+    assert none.returncode == 1 and none.stderr.count("\n") == 1
+    assert "exactly one dist/cachebake-*.whl, it has 0" in none.stderr
+    assert "pip wheel --no-deps -w dist ." in none.stderr
+    wheel = make_wheel(tmp_path / "ctx" / "dist", tmp_path)
+    (tmp_path / "ctx" / "dist" / "cachebake-0.0.1-py3-none-any.whl").write_bytes(wheel.read_bytes())
+    two = _install_script(tmp_path / "ctx", venv)
+    assert two.returncode == 1 and "it has 2" in two.stderr
+    (tmp_path / "ctx" / "dist" / "cachebake-0.0.1-py3-none-any.whl").unlink()
+    one = _install_script(tmp_path / "ctx", venv)
+    assert one.returncode == 0, one.stderr
+    from importlib.metadata import version
+
+    assert one.stdout.strip().endswith(f"cachebake, version {version('cachebake')}")
+    assert (venv / "bin" / "cachebake").exists()

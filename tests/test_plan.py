@@ -130,5 +130,20 @@ def test_plan_command_without_vllm_refuses_unstored_args_in_one_line():
     assert out.returncode == ExitCode.UNSUPPORTED
     assert json.loads(out.stdout)["error"]["kind"] == "unsupported"
     assert out.stderr.count("\n") == 1 and "vllm is not installed" in out.stderr
+    assert "serve args" in out.stderr and "--gpu-memory" not in out.stderr
+
+
+@pytest.mark.parametrize("gpu", ["h100", "80"])
+def test_plan_on_a_gpu_the_store_lacks_blames_gpu_memory_not_the_serve_args(gpu):
+    """The recipe's own serve args are stored for h200: what has no stored plan is the GPU."""
+    for extra in (["--stored"], []):  # and without vllm here, the same
+        out = _cli("plan", "--model", "nemotron-h", "--gpu-memory", gpu, *extra)
+        assert out.returncode == ExitCode.UNSUPPORTED and out.stderr.count("\n") == 1, out.stderr
+        assert f"on --gpu-memory {gpu} (stored plans are for h200)" in out.stderr
+        assert "serve args" not in out.stderr
+
+
+def test_a_gpu_memory_of_the_wrong_form_is_a_usage_error_naming_it():
     bad = _cli("plan", "--model", "nemotron-h", "--gpu-memory", "lots")
-    assert bad.returncode == ExitCode.BAD_INPUT and "Traceback" not in bad.stderr
+    assert bad.returncode == ExitCode.USAGE and bad.stderr.count("\n") == 1
+    assert "--gpu-memory" in bad.stderr and "h200, h100" in bad.stderr and "Traceback" not in bad.stderr

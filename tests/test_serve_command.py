@@ -190,3 +190,45 @@ def test_on_a_terminal_the_text_is_printable(triton_cache, tmp_path):
     render_serve_command(cmd, Console(file=tty, force_terminal=True))
     assert piped.getvalue() == cmd.shell() + "\n" and "\x1b[2J" in piped.getvalue() and "\r" in piped.getvalue()
     assert "\x1b" not in tty.getvalue() and "\r" not in tty.getvalue() and "export A=" in tty.getvalue()
+
+
+def _kernels_bake_section() -> dict:
+    """A --driver kernels bake section as build writes it: the driver's description, then the
+    driver's record (cachebake.drivers.kernels.bake_record) with the stored engine plan."""
+    from cachebake.drivers.kernels import bake_record
+    from cachebake.plan.store import stored_plan
+    from cachebake.serveargs import resolve
+
+    recipe, args, _ = resolve("nemotron-h")
+    plan = stored_plan(recipe, args)
+    return {"driver": "kernels", "function": "cachebake.drivers.kernels:run_sweep", "model": "nemotron-h",
+            **bake_record(recipe, plan, "stored", [])}
+
+
+def test_a_kernels_bake_names_the_flags_its_plan_was_computed_for(triton_cache, tmp_path):
+    from cachebake.serveargs import BAKE_ONLY, serve_args_to_flags
+
+    bake = _kernels_bake_section()
+    flags = serve_args_to_flags({k: v for k, v in bake["plan"]["serve_args"].items() if k not in BAKE_ONLY})
+    assert "--max-num-batched-tokens" in flags
+    for source in (_artifact(triton_cache, tmp_path, bake), _manifest_file(tmp_path, {"bake": bake})):
+        r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args", str(source)],
+                           capture_output=True, text=True, env=_env(), cwd=tmp_path)
+        assert r.returncode == ExitCode.BAD_INPUT and r.stdout == "" and r.stderr.count("\n") == 1
+        assert f"`vllm serve MODEL {' '.join(flags)}` on NVIDIA H200" in r.stderr
+        assert "--driver kernels bake" in r.stderr and "--driver vllm bake gives the whole command" in r.stderr
+
+
+def test_a_kernels_bakes_flags_from_a_hostile_manifest_stay_on_one_line(tmp_path):
+    bake = _kernels_bake_section()
+    bake["plan"]["serve_args"] = {"max_num_seqs\nexport EVIL=1": "8\x1b[2J\n---"}
+    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
+                        str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path)
+    assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1, r.stderr
+    assert "\x1b" not in r.stderr and "\\x1b[2J" in r.stderr
+    bake["plan"] = {"serve_args": ["not", "an", "object"]}
+    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
+                        str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path)
+    assert r.returncode == ExitCode.CORRUPT and "bake.plan.serve_args" in r.stderr

@@ -8,6 +8,14 @@ kernels would silently end up in this artifact), the round options.  Then the ro
 (cachebake.bake.rounds) until enough consecutive quiet rounds prove the fixed point, then pack
 (cachebake.artifact.pack) with the bake section: what ran, the env, every round, and what the
 driver recorded.
+
+Then the root is emptied again (``clear_root``), unless ``--keep-root`` or ``--reuse-root``:
+everything the rounds wrote under it is in the artifact now, and a root left full makes the
+next ``build`` refuse (an unclean ``--root``) and the documented ``install ART --to ROOT`` on
+the same machine refuse too (a cache that is not an install is in the way).  The artifact is
+what serves; ``install`` puts it at ROOT with its checks.  Nothing is removed when the bake
+fails or is stopped (the caches are what ``--reuse-root`` continues from), nor with
+``--reuse-root`` (the root held caches this bake did not make).
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ class BuildPlan:
     out: Path
     root: Path
     target: str  # "cuda:90"
+    # what was there before the bake (clear_root removes only what the bake made)
+    root_existed: bool = True
+    roles_existed: tuple[str, ...] = ()
 
 
 @dataclass
@@ -43,6 +54,7 @@ class BuildReport:
     rounds: Rounds
     bake: dict  # the manifest's bake section
     pack: PackReport
+    root_cleared: bool = False  # the caches under the root were removed after packing
 
     @property
     def stable(self) -> bool:
@@ -52,7 +64,7 @@ class BuildReport:
         return {"status": self.pack.status, "out": str(self.plan.out), "target": self.pack.target,
                 "targets": self.pack.targets, "manifest_digest": self.pack.manifest_digest,
                 "layer_digest": self.pack.layer_digest, "layer_size": self.pack.manifest.layer.size,
-                "root": str(self.plan.root), "stable": self.stable, "rounds": len(self.rounds.rounds),
+                "root": str(self.plan.root), "root_cleared": self.root_cleared, "stable": self.stable, "rounds": len(self.rounds.rounds),
                 "record": self.pack.manifest.record, "bake": self.bake}
 
 
@@ -96,8 +108,41 @@ def preflight(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str
     """Every check ``build`` can make before round 1; raises the first failure."""
     check_round_options(max_rounds, quiet_rounds, until_stable)
     driver.preflight()
-    return BuildPlan(out=check_out(out), root=_check_root(root, roles, reuse_root),
-                     target=_bake_target(target))
+    checked = _check_root(root, roles, reuse_root)
+    return BuildPlan(out=check_out(out), root=checked, target=_bake_target(target),
+                     root_existed=checked.is_dir(),
+                     roles_existed=tuple(r for r in roles if os.path.lexists(checked / r)))
+
+
+def clear_root(plan: BuildPlan, roles: tuple[str, ...]) -> list[str]:
+    """Remove what the bake wrote under ``plan.root`` (see the module docstring): each role
+    directory the bake created, the entries of one that was there (empty) before, and the
+    root itself if the bake created it and it is empty now.  A role that is a symlink is left
+    alone (it leads out of the root).  Returns what could not be removed, as warnings: the
+    artifact is made, so a leftover is not a failed build."""
+    problems = []
+    for role in roles:
+        d = plan.root / role
+        if os.path.islink(d) or not d.is_dir():
+            continue
+        try:
+            if role in plan.roles_existed:
+                for entry in os.scandir(d):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+            else:
+                shutil.rmtree(d)
+        except OSError as e:
+            problems.append(f"could not remove the baked caches under {d}: {e.strerror or e} "
+                            f"({e.filename}); remove them before the next build into {plan.root}")
+    if not plan.root_existed:
+        try:
+            plan.root.rmdir()
+        except OSError:
+            pass  # not empty: something else lives there now, not ours to remove
+    return problems
 
 
 def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None,
@@ -107,8 +152,9 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
           work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
           seed=None, jobs: int | None = None, gpu_name: str | None = None, retune: bool = False,
           allow_modules=(), warn: Callable[[str], None] | None = None, layer_root: str | None = None,
-          prune_ir: bool = False, pack_progress=None) -> BuildReport:
-    """The whole of ``cachebake build``: preflight, rounds to the fixed point, pack.
+          prune_ir: bool = False, pack_progress=None, keep_root: bool = False) -> BuildReport:
+    """The whole of ``cachebake build``: preflight, rounds to the fixed point, pack, then the
+    root emptied unless ``keep_root`` or ``reuse_root`` (``clear_root``).
 
     ``layer_root`` defaults to the bake root (group files then already point where a server
     using the same root finds them).  A temp work dir (no ``work_dir``) is removed at the end,
@@ -166,7 +212,15 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         packed = pack_artifact(cache_roots, plan.out, target=plan.target, bake=bake,
                                layer_root=layer_root or str(plan.root), prune_ir=prune_ir,
                                record=record, progress=pack_progress)
-        return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed)
+        cleared = not (keep_root or reuse_root)
+        if cleared:
+            for note in clear_root(plan, roles):
+                cleared = False
+                if warn is not None:
+                    warn(note)
+                else:
+                    warnings.warn(note, stacklevel=2)
+        return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed, root_cleared=cleared)
     finally:
         if not work_dir:
             try:

@@ -90,6 +90,12 @@ class VerifyReport:
 def installed_roles(cache: os.PathLike | str) -> list[str]:
     """The roles present under an installed cache root (a directory per role)."""
     found = [r for r in ALL_ROLES if os.path.isdir(os.path.join(cache, r))]
+    role, parent = os.path.basename(os.path.normpath(cache)), os.path.dirname(os.path.normpath(cache))
+    if not found and role in ALL_ROLES and os.path.isdir(os.path.join(parent, role)):
+        # DIR/triton is what TRITON_CACHE_DIR says, so a natural thing to give; verify sets
+        # every role's variable itself, from the root
+        raise BadInput(f"{cache} is the {role} role of a cache root: give the install dir "
+                       f"{parent}, not {cache} (verify --cache takes install's --to DIR)")
     if not found:
         raise BadInput(f"{cache}: no cache roles here (expected one of "
                        f"{', '.join(r + '/' for r in ALL_ROLES)})")

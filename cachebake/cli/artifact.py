@@ -24,7 +24,9 @@ from cachebake.errors import Interrupted
 @click.option("--prune-ir", is_flag=True, help="Drop .ttir/.ttgir/.llir/.ptx: ~3x smaller, kernels still hit.")
 @JSON_OPTION
 def pack(roots, out, target, layer_root, prune_ir, as_json):
-    """Pack cache directories (triton=, vllm=, flashinfer=, inductor=) into an artifact."""
+    """Pack cache directories into an artifact.
+
+    Roles: triton=, vllm=, flashinfer=, inductor= (a bare DIR is triton)."""
     out_ = output(as_json)
     report = None
     try:
@@ -47,7 +49,9 @@ def pack(roots, out, target, layer_root, prune_ir, as_json):
 @click.option("--target", type=GPU_TARGET, help="Show (and verify) only this GPU target's bake.")
 @JSON_OPTION
 def inspect(artifact, target, as_json):
-    """Verify every blob of ARTIFACT and show its fingerprint, kernel inventory, sizes and
+    """Verify an artifact and show what it holds.
+
+    Verify every blob of ARTIFACT and show its fingerprint, kernel inventory, sizes and
     digests.  ARTIFACT: an artifact dir, an OCI layout, or a .tar.zst layer with its
     cachebake.json beside it."""
     from cachebake.cli.inspect import inspect_artifact
@@ -65,7 +69,9 @@ def inspect(artifact, target, as_json):
                    "imports torch, seconds.")
 @JSON_OPTION
 def fingerprint(target, out, gpu_from_torch, as_json):
-    """Show this environment's fingerprint; write it (--out) in the serving image at build time
+    """Show or write this environment's fingerprint.
+
+    Write it (--out) in the serving image at build time
     and give the file to `cachebake install --fingerprint` (an init container is not the server)."""
     from cachebake.artifact.fingerprint import current_fingerprint
     from cachebake.cli.render import render_fingerprint

@@ -34,7 +34,10 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
               help="Cache root to bake in; serve from the same path (default /var/cache/cachebake). "
                    "Must be empty unless --reuse-root.")
 @click.option("--reuse-root", is_flag=True,
-              help="Bake on top of the caches already under --root (they are packed too).")
+              help="Bake on top of the caches already under --root (they are packed too, and kept).")
+@click.option("--keep-root", is_flag=True,
+              help="Keep the caches under --root after packing (default: removed once they are "
+                   "in the artifact, so the next build and `install --to ROOT` find it empty).")
 @click.option("--target", type=GPU_TARGET, help="GPU target, e.g. sm_90 (default: the visible GPU).")
 @click.option("--until-stable/--no-until-stable", default=True, show_default=True,
               help="Run rounds until --quiet-rounds rounds in a row compile nothing (exit 10 if "
@@ -65,10 +68,12 @@ _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve 
               help="With --image: GPUs to request (all, a count, device=0,1, none).")
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, target, until_stable,
+def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, keep_root, target, until_stable,
           quiet_rounds, max_rounds, work_dir, allow_env, layer_root, prune_ir, plan_file, seed, jobs,
           retune, allow_modules, gpu_name, image, gpus, as_json, cmd):
-    """Check everything, run a warmup under the compile monitor until rounds stop compiling,
+    """Bake: warm up until rounds stop compiling, then pack.
+
+    Check everything, run a warmup under the compile monitor until rounds stop compiling,
     then pack the caches it filled.  `cachebake build --model nemotron-h` needs no other flag."""
     from cachebake.drivers.registry import default_out
 
@@ -77,6 +82,9 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
     if image:
         if seed or jobs or retune or gpu_name or plan_file:
             raise click.UsageError("--seed, --jobs, --retune, --gpu-name and --plan do not apply with --image")
+        if keep_root:
+            raise click.UsageError("--keep-root does not apply with --image (the bake root is a temp "
+                             "directory of the container's, removed with it)")
         _build_in_image(image, gpus, out=out or default_out(model), root=root, work_dir=work_dir,
                         model=model, driver=driver, tp=tp, serve_args=serve_args,
                         model_dir=model_dir, target=target, until_stable=until_stable,
@@ -104,7 +112,7 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, targe
                                progress=RoundProgress(out_.err_console, verb="bake"), warn=out_.warn,
                                layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
                                seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
-                               allow_modules=allow_modules)
+                               allow_modules=allow_modules, keep_root=keep_root)
         out_.emit(report, render=render_build)
     except KeyboardInterrupt:  # outside the rounds and the pack, which say what they left
         if report is None:
@@ -149,9 +157,12 @@ def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD... | -- SERVE ARGS...]")
 def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only, artifact, target,
            model_ref, as_json, cmd):
-    """Run one warmup round against an installed cache; exit 8 on any compile or benchmark (with
-    --driver vllm: also when torch.compile did not load the baked artifact).  --check-only: no
-    round; exit 4 when the server's vLLM would not use the baked torch.compile cache."""
+    """Check an installed cache: one round, exit 8 on a compile.
+
+    Run one warmup round against an installed cache (the --to DIR of install); exit 8 on any
+    compile, autotune benchmark or helper build (with --driver vllm: also when torch.compile did
+    not load the baked artifact).  --check-only: no round; exit 4 when the server's vLLM would
+    not use the baked torch.compile cache."""
     if check_only:
         from cachebake.bake.verify import check_only as run_check
         from cachebake.cli.render import render_compile_check

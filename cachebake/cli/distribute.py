@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
-from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, IMAGE_NAME, K8S_NAME, QUANTITY, SECRET_NAME
+from cachebake.cli.params import (ABSOLUTE_PATH, CLAIM_NAME, GPU_TARGET, IMAGE_NAME, K8S_NAME, QUANTITY,
+                                  SECRET_NAME)
 
 
 @main.command("image")
@@ -16,7 +17,9 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, IMAGE_NAME, K8S_NAME
 @click.option("--push", is_flag=True, help="Push the image through the daemon after building it.")
 @JSON_OPTION
 def image_cmd(artifact, tag, target, root, push, as_json):
-    """Build the cache image in a Docker daemon: FROM scratch, ARTIFACT installed at the serving
+    """Build the cache image (FROM scratch) in a Docker daemon.
+
+    FROM scratch, ARTIFACT installed at the serving
     root, for `COPY --from=TAG /var/cache/cachebake /var/cache/cachebake` in a serving Dockerfile."""
     from cachebake.distribute.image import build_cache_image
 
@@ -34,7 +37,9 @@ def image_cmd(artifact, tag, target, root, push, as_json):
               help="Registry credentials (docker config.json format; default: skopeo's search).")
 @JSON_OPTION
 def push(artifact, reference, target, tls_verify, authfile, as_json):
-    """Push ARTIFACT's bakes to a registry: REFERENCE is docker://HOST/REPO[:TAG] (no tag: one
+    """Push an artifact's bakes to a registry.
+
+    REFERENCE is docker://HOST/REPO[:TAG] (no tag: one
     tag per GPU target, e.g. :sm_90)."""
     from cachebake.distribute.registry import RegistryOptions, push_artifact
 
@@ -50,10 +55,24 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
 @click.option("--serving-image", required=True, type=IMAGE_NAME, help="The vLLM serving image.")
 @click.option("--pattern", type=click.Choice(["init", "image-volume"]), default="init", show_default=True)
 @click.option("--target", type=GPU_TARGET, required=True, help="GPU target of the bake, e.g. sm_90.")
-@click.option("--installer-image", type=IMAGE_NAME, help="init: the installer image (docker/installer.Dockerfile).")
+@click.option("--installer-image", type=IMAGE_NAME,
+              help="The installer image (docker/installer.Dockerfile). init: it installs the bake; "
+                   "image-volume: it copies cachebake onto the server's PYTHONPATH.")
 @click.option("--install-in-serving-image", is_flag=True,
               help="init: run the install in the serving image (needs cachebake there).")
+@click.option("--serving-image-has-cachebake", is_flag=True,
+              help="image-volume: the serving image has cachebake (the layered cache manager), e.g. "
+                   "the Dockerfile's serving-cachebake stage: no copy onto PYTHONPATH.")
+@click.option("--bake", "local_bake", type=click.Path(exists=True, file_okay=False),
+              help="A local copy of the bake --artifact names (the artifact pushed): the server "
+                   "runs its own `vllm serve` command and environment (a --driver vllm bake); "
+                   "init: /tmp's sizeLimit is its declared blob sizes plus 64 MiB.")
 @click.option("--model", help="Serve this recipe with `vllm serve` and the recipe's flags.")
+@click.option("--model-pvc", type=CLAIM_NAME,
+              help="PersistentVolumeClaim holding the model: mounted read-only at the path "
+                   "`vllm serve` reads.")
+@click.option("--model-in-image", is_flag=True,
+              help="The serving image has the model at the path `vllm serve` reads.")
 @click.option("--name", default="vllm", show_default=True, type=K8S_NAME, help="Deployment/Pod and container name.")
 @click.option("--root", type=ABSOLUTE_PATH, default=None, help="Where the server reads the cache (default /var/cache/cachebake).")
 @click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="nvidia.com/gpu limit of the server.")
@@ -67,46 +86,48 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
                    "(the image's roles are not visible here; `cachebake inspect` lists them).")
 @click.option("--tmp-size", type=QUANTITY,
               help="init: sizeLimit of the installer's /tmp emptyDir, where the registry pull lands "
-                   "(default: from --size-from, else 2Gi).")
-@click.option("--size-from", type=click.Path(exists=True, file_okay=False),
-              help="init: a local copy of the bake REF names (the artifact pushed): /tmp's sizeLimit "
-                   "is its declared blob sizes plus 64 MiB.")
-@click.option("--bake", "bake_file", type=click.Path(exists=True),
-              help="The same bake as a local artifact or manifest JSON (default: --size-from): the "
-                   "server gets the variables vLLM's torch.compile hashes need from it (e.g. vLLM "
-                   "0.24's VLLM_CONFIG_ROOT).")
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+                   "(default: from --bake, else 2Gi).")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+              help="Output format (default: yaml, or json where PyYAML is not installed).")
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image, model,
-        name, root, gpus, kind, pull_secret, tls_verify, vllm_role, tmp_size, size_from, bake_file,
-        fmt, as_json, cmd):
-    """Kubernetes manifests that give a vLLM server its bake: an init container filling an
-    emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a read-only image volume."""
-    from cachebake.distribute.k8s import (ManifestReport, PodPlan, declared_bytes, manifest, render,
-                                          server_command)
+def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image,
+        serving_image_has_cachebake, local_bake, model, model_pvc, model_in_image, name, root, gpus,
+        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, as_json, cmd):
+    """Write Kubernetes manifests that give a server its bake.
+
+    An init container filling an emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a
+    read-only image volume."""
+    from cachebake.distribute.k8s import (ManifestReport, PodPlan, default_format, manifest,
+                                          read_local_bake, render, server_command)
     from cachebake.distribute.registry import is_reference, parse_reference
+    from cachebake.errors import BadInput
     from cachebake.roles import DEFAULT_ROOT
     from cachebake.serve.command import one_line
 
-    declared = None
-    if size_from:
+    root = str(root or DEFAULT_ROOT)
+    bake = None
+    if local_bake:
         pinned = parse_reference(artifact).digest if is_reference(artifact) else None
-        declared = declared_bytes(size_from, target, pinned)
+        bake = read_local_bake(local_bake, target, pinned)
+        layer_root = bake.manifest.get("layer_root")
+        if pattern == "image-volume" and layer_root and layer_root != root:
+            raise BadInput(f"--bake {local_bake} was packed for {layer_root} (its group files name it): "
+                           f"the image volume must be mounted there, --root {layer_root}")
+    command, bake_env, notes = server_command(model, cmd, bake.manifest if bake else None, root=root)
     plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
                    installer_image=installer_image, install_in_serving_image=install_in_serving_image,
-                   name=name, root=str(root or DEFAULT_ROOT), command=server_command(model, cmd),
-                   gpus=gpus, kind=kind, pull_secret=pull_secret, tls_verify=tls_verify,
-                   vllm_role=vllm_role, tmp_size=tmp_size, declared_bytes=declared)
-    from cachebake.serveargs import identity_serve_env
-
-    # --artifact is a reference or a path in the installer image: nothing to read here
-    source = bake_file or size_from
-    if source is not None:
-        from cachebake.serve.command import read_manifest
-
-        plan.compile_env = identity_serve_env(read_manifest(source, target).get("bake") or {})
-    doc, notes = manifest(plan)
+                   name=name, root=root, command=command, gpus=gpus, kind=kind,
+                   pull_secret=pull_secret, tls_verify=tls_verify, vllm_role=vllm_role,
+                   tmp_size=tmp_size, declared_bytes=bake.declared_bytes if bake else None,
+                   model_pvc=model_pvc, model_in_image=model_in_image,
+                   serving_image_has_cachebake=serving_image_has_cachebake, bake_env=bake_env)
+    doc, more = manifest(plan)
+    notes += more
+    if fmt is None:
+        fmt, why = default_format()
+        if why:
+            notes.append(why)
     out = output(as_json)
     out.emit(ManifestReport(render(doc, notes, fmt), doc, notes))
     for note in notes:

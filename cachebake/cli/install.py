@@ -44,7 +44,9 @@ from cachebake.errors import Interrupted
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
             tls_verify, authfile, stall_timeout, check_only, sync, as_json):
-    """Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
+    """Check a bake and install it into DIR, atomically.
+
+    Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
     ARTIFACT may be a registry reference, docker://HOST/REPO[:TAG] (or oci://...)."""
     out = output(as_json)
     report = None

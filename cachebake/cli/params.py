@@ -137,11 +137,29 @@ class ServeArgsType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class GpuMemoryType(click.ParamType):
+    """``plan --gpu-memory``: GiB (a Hopper GPU of that size) or a known memory class."""
+
+    name = "GIB|CLASS"
+
+    def convert(self, value, param, ctx):
+        from cachebake.plan import GPU_CLASSES, gpu_target
+
+        try:
+            gpu_target(value)
+        except BadInput:
+            self.fail(f"{ascii(str(value))}: give GiB (e.g. 80) or a class ({', '.join(GPU_CLASSES)})",
+                      param, ctx)
+        return str(value)
+
+
 K8S_NAME = KubernetesFormType("NAME", "name")
 SECRET_NAME = KubernetesFormType("SECRET", "secret")
+CLAIM_NAME = KubernetesFormType("CLAIM", "claim")
 QUANTITY = KubernetesFormType("QUANTITY", "quantity")
 IMAGE_NAME = ImageNameType()
 ROLE_DIR = RoleDirType()
 GPU_TARGET = GpuTargetType()
 ABSOLUTE_PATH = AbsolutePathType()
 SERVE_ARGS = ServeArgsType()
+GPU_MEMORY = GpuMemoryType()

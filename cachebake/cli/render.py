@@ -174,6 +174,14 @@ def render_build(report, console: Console) -> None:
                   f"{t.compiles} compiles ({t.compile_seconds:.1f} s) and {t.autotunes} autotunes "
                   f"({t.autotune_seconds:.1f} s) moved to build time, {len(t.kernels)} kernels")
     console.print(f"  layer {report.pack.layer_digest}  {_mb(report.pack.manifest.layer.size)}")
+    root = escape(str(report.plan.root))
+    if report.root_cleared:
+        console.print(f"  removed the baked caches under {root}: they are in the artifact "
+                      f"(`cachebake install {escape(str(report.plan.out))} --to DIR` serves them; "
+                      "--keep-root keeps them)")
+    else:
+        console.print(f"  kept the caches under {root} (the next build there needs --reuse-root "
+                      "or an empty root)")
 
 
 def render_verify(report, console: Console) -> None:
@@ -214,9 +222,30 @@ def render_install(report, console: Console) -> None:
 WIDE = 140  # below this many columns, recipes are listed as blocks instead of a table
 
 
+def flag_lines(flags: list[str], width: int) -> list[str]:
+    """``vllm serve`` flags on lines of at most ``width`` characters, broken only between one
+    flag (with its values) and the next: never inside a flag, never between a flag and its
+    value (a flag longer than ``width`` gets a line of its own)."""
+    groups: list[str] = []
+    for word in flags:
+        if word.startswith("--") or not groups:
+            groups.append(word)
+        else:
+            groups[-1] += " " + word
+    lines: list[str] = []
+    for group in groups:
+        if lines and len(lines[-1]) + 1 + len(group) <= width:
+            lines[-1] += " " + group
+        else:
+            lines.append(group)
+    return lines
+
+
 def render_recipes(report, console: Console) -> None:
-    """A table on a wide terminal; a block per recipe on a narrow one (a five-column table of
-    long serve args folds into unreadable slivers at 80 columns)."""
+    """A table on a wide terminal; a block per recipe otherwise.  Serve args are what people
+    copy into `--serve-args` or a `vllm serve` line: piped, each recipe's flags are one whole
+    line (rich would fold them at 80 columns, mid-flag); on a terminal they are broken only
+    between flags (``flag_lines``)."""
     from cachebake.serveargs import serve_args_to_flags
 
     rows = []
@@ -226,27 +255,34 @@ def render_recipes(report, console: Console) -> None:
                   f"{m.get('d_state', '?')} / {m.get('conv', '?')} / {m.get('chunk', '?')} "
                   f"({m.get('mamba_layers', '?')} Mamba layers)")
         name = r.ref + (" *" if any("UNVERIFIED" in n for n in r.notes) else "")
-        rows.append((name, r.model_id or "-", r.architecture, shapes,
-                     " ".join(serve_args_to_flags(r.serve_args)) or "-"))
+        rows.append((name, r.model_id or "-", r.architecture, shapes, serve_args_to_flags(r.serve_args)))
     title = "cachebake recipes (--model NAME[:VARIANT])"
-    if console.width >= WIDE:
+    if console.is_terminal and console.width >= WIDE:
         table = Table(title=title, title_justify="left")
         table.add_column("recipe", no_wrap=True)
         table.add_column("model", overflow="fold")
         table.add_column("architecture", overflow="fold")
         table.add_column("Mamba heads x dim / groups / state / conv / chunk", overflow="fold")
-        table.add_column("default serve args", overflow="fold", ratio=1)
-        for row in rows:
-            table.add_row(*map(escape, row))
+        table.add_column("default serve args", ratio=1)
+        for *cells, flags in rows:
+            # one line per flag group: the table folds between them, not inside a flag
+            table.add_row(*map(escape, cells), escape("\n".join(flag_lines(flags, 0))) or "-")
         console.print(table)
     else:
-        console.print(f"[bold]{title}[/]")
+        # soft_wrap: rich never folds these lines; the terminal (if any) wraps what it must
+        console.print(f"[bold]{title}[/]", soft_wrap=True)
+        indent = "    "
         for name, model, arch, shapes, flags in rows:
-            console.print(f"[bold]{escape(name)}[/]  {escape(model)}  {escape(arch)}", soft_wrap=False)
-            console.print(f"  Mamba heads x dim / groups / state / conv / chunk: {shapes}", soft_wrap=False)
-            console.print(f"  serve args: {escape(flags)}", soft_wrap=False)
+            console.print(f"[bold]{escape(name)}[/]  {escape(model)}  {escape(arch)}", soft_wrap=True)
+            console.print(f"  Mamba heads x dim / groups / state / conv / chunk: {shapes}", soft_wrap=True)
+            if not console.is_terminal:
+                console.print(f"  serve args: {escape(' '.join(flags) or '-')}", soft_wrap=True)
+                continue
+            console.print("  serve args:", soft_wrap=True)
+            for line in flag_lines(flags, max(console.width - len(indent), 20)) or ["-"]:
+                console.print(indent + escape(line), soft_wrap=True)
     console.print("* some hyperparameters unverified: see the recipe's notes "
-                  "(cachebake recipes --json)", soft_wrap=False)
+                  "(cachebake recipes --json)", soft_wrap=True)
 
 
 def render_serve_command(cmd, console: Console) -> None:

@@ -40,7 +40,9 @@ ALLOW_MODULE_OPTION = click.option(
 @ALLOW_MODULE_OPTION
 @JSON_OPTION
 def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, allow_modules, as_json):
-    """Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
+    """Compile a record or served misses, no GPU needed.
+
+    Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
     or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
     out_ = output(as_json)
     progress = None if as_json else out_.progress
@@ -75,7 +77,9 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
 @click.argument("logs", nargs=-1, required=True, metavar="LOG|DIR...")
 @JSON_OPTION
 def misses_cmd(logs, as_json):
-    """Merge serve-time miss logs (install --overlay) from many replicas: misses per kernel and
+    """Merge the serve-time miss logs of many replicas.
+
+    Logs of install --overlay; misses per kernel and
     specialization, replicas, first and last seen, count."""
     from cachebake.cli.render import render_misses
     from cachebake.replay.misses import merge

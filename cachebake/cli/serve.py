@@ -22,7 +22,9 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET
                    "shell to source (`. FILE`) before `vllm serve`.")
 @JSON_OPTION
 def serve_args_cmd(artifact, target, root, overlay, env_file, as_json):
-    """Print the `vllm serve` command and environment that match ARTIFACT's bake."""
+    """Print the `vllm serve` command that matches a bake.
+
+    The command and the environment that match ARTIFACT's bake (a --driver vllm bake)."""
     from cachebake.cli.render import render_serve_command
     from cachebake.serve.command import read_manifest, serve_command
 

@@ -46,15 +46,43 @@ def _docker_module():
     return docker
 
 
+def _os_cause(error: BaseException) -> OSError | None:
+    """The OSError under a docker/requests/urllib3 error, wherever that chain keeps it
+    (``__cause__``, ``__context__``, or inside ``args``: urllib3's ProtocolError)."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        todo += [x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException)]
+    return None
+
+
+def daemon_address() -> str:
+    """Where the docker package looks for the daemon: DOCKER_HOST, else the default socket."""
+    from docker.constants import DEFAULT_UNIX_SOCKET
+
+    return os.environ.get("DOCKER_HOST") or DEFAULT_UNIX_SOCKET.replace("http+unix://", "unix://", 1)
+
+
 def docker_client():
-    """A client for DOCKER_HOST (or the default socket); one clear line if there is none."""
+    """A client for DOCKER_HOST (or the default socket); one clear line if there is none: the
+    address tried and why, in words (the docker package's own message is a Python repr of a
+    requests error)."""
     docker = _docker_module()
+    where = daemon_address()
     try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as e:
-        where = os.environ.get("DOCKER_HOST") or "the default socket"
-        raise BadInput(f"cannot reach a Docker daemon at {where}: {e}") from None
+        cause = _os_cause(e)
+        why = (cause.strerror or os.strerror(cause.errno)) if cause is not None else \
+            " ".join(str(e).split())
+        hint = " (set DOCKER_HOST to the daemon's socket)" if not os.environ.get("DOCKER_HOST") else ""
+        raise BadInput(f"cannot reach a Docker daemon at {where}: {why}{hint}") from None
     return client
 
 
@@ -261,8 +289,9 @@ def run_bake_in_image(plan: BakeInImage) -> int:
         container = client.containers.run(plan.image, **kwargs)
     except _docker_errors() as e:
         shutil.rmtree(plan.work, ignore_errors=True)
-        raise CommandFailed(f"could not start cachebake in {plan.image}: {e} (the image needs "
-                            "cachebake installed: pip install cachebake)") from None
+        raise CommandFailed(f"could not start cachebake in {plan.image}: {' '.join(str(e).split())} "
+                            "(the image needs cachebake: the Dockerfile's serving-cachebake stage "
+                            "adds it)") from None
     try:
         tail: list[str] = []
 

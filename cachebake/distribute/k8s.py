@@ -34,8 +34,22 @@
   (``vllm_role``, the default) and says so; a bake without it (``--no-vllm-role``) gets an
   empty writable VLLM_CACHE_ROOT outside ROOT instead.
 
-Only the serving container's command is the user's: ``--model`` gives ``vllm serve`` with the
-recipe's serving flags, ``-- CMD...`` any command, neither the image's own entrypoint.
+The image-volume pattern sets ``TRITON_CACHE_MANAGER`` to cachebake's layered cache manager,
+which the server imports: a stock vLLM image has no cachebake.  So the pattern either provides
+it, as the init pattern provides the fingerprint probe (``cachebake-lib``, the installer image,
+copies cachebake's pure-Python sources into an emptyDir the server mounts on ``PYTHONPATH``;
+the manager needs only the standard library and the image's Triton), or is told the image has
+it (``serving_image_has_cachebake``, e.g. the Dockerfile's ``serving-cachebake`` stage); with
+neither it refuses.  Misses are logged in the overlay; ``miss-log``, a native sidecar
+(``restartPolicy: Always``, Kubernetes >= 1.29) in the serving image, streams the log to the
+Pod's logs (README, "Serving"), where cluster logging keeps it after the Pod is gone.
+
+The server runs a command (never the image's entrypoint: vLLM's needs arguments): ``-- CMD...``;
+else the ``vllm serve`` command of the bake itself when a local copy of it is given
+(``--bake ART``, a ``--driver vllm`` bake: model path, serve args and the environment
+``serve-args`` prints); else ``--model``'s recipe flags.  A ``vllm serve PATH`` reads its model
+from PATH, which the Pod must provide: a PersistentVolumeClaim mounted read-only there
+(``model_pvc``), or the serving image's own copy (``model_in_image``); with neither it refuses.
 
 The output is read by kubectl, so it is built as data and written by a serializer: the
 documents by PyYAML (``render``: every value quoted as the emitter decides, so a newline,
@@ -46,7 +60,7 @@ form (``--name``, images, the pull secret) are checked in that form (``check_pla
 
 The init pattern's ``/tmp`` emptyDir, where the installer's registry pull lands, has a
 ``sizeLimit``: from the bake's declared blob sizes when a local copy of it is given
-(``declared_bytes``, ``--size-from``), else ``DEFAULT_TMP_SIZE``.  Without one an emptyDir is
+(``declared_bytes``, ``--bake``), else ``DEFAULT_TMP_SIZE``.  Without one an emptyDir is
 bounded only by the node's disk.
 """
 
@@ -56,8 +70,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from cachebake.errors import BadInput, Unsupported
-from cachebake.roles import DEFAULT_ROOT, ROLE_ENV, overlay_env, role_dir, serving_env
+from cachebake.errors import BadInput, Unsupported, UsageError
+from cachebake.roles import DEFAULT_ROOT, MISS_LOG_ENV, ROLE_ENV, overlay_env, role_dir, serving_env
 from cachebake.serve.command import comment, one_line
 
 PATTERNS = ("init", "image-volume")
@@ -71,9 +85,14 @@ OVERLAY_MOUNT = "/var/cache/cachebake-overlay"
 IMAGE_COPY_MOUNT = "/cachebake-image"  # where cachebake-vllm-copy sees the bake image
 VLLM_COPY_MOUNT = "/cachebake-vllm"  # ...and the emptyDir it fills, the server's ROOT/vllm
 VLLM_EMPTY_ROOT = "/var/cache/cachebake-vllm"  # VLLM_CACHE_ROOT for a bake without the role
+MODEL_VOLUME = "model"  # the PersistentVolumeClaim with the model, at the `vllm serve` path
+MISS_LOG_CONTAINER = "miss-log"  # the sidecar README's "Serving" collects from
+# Names of the containers this module adds: --name must not take one of them.
+OUR_CONTAINERS = ("cachebake-lib", "cachebake-fingerprint", "cachebake-install", "cachebake-vllm-copy",
+                  MISS_LOG_CONTAINER)
 DEFAULT_INSTALLER_NOTE = "docker/installer.Dockerfile"
 # /tmp of the init pattern: a bake is MBs to a few hundred MB compressed; this holds any bake
-# up to about 2 GB when its size is not known here (--tmp-size sets it, --size-from derives it).
+# up to about 2 GB when its size is not known here (--tmp-size sets it, --bake derives it).
 DEFAULT_TMP_SIZE = "2Gi"
 # Over the declared blobs: skopeo's layout files and the installer's own small temp files.
 TMP_MARGIN = 64 << 20
@@ -87,6 +106,8 @@ FORMS = {
              "a Kubernetes name (a DNS-1123 label: lower-case letters, digits, '-'; at most 63)"),
     "secret": (re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*"), 253,
                "a Kubernetes Secret name (a DNS-1123 subdomain)"),
+    "claim": (re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*"), 253,
+              "a PersistentVolumeClaim name (a DNS-1123 subdomain)"),
     "quantity": (re.compile(r"[0-9]+(?:\.[0-9]+)?(?:Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?"), 64,
                  "a Kubernetes quantity such as 2Gi or 512Mi"),
 }
@@ -118,23 +139,80 @@ class PodPlan:
     vllm_role: bool = True  # image-volume: the bake has a vllm role (not visible from a reference)
     tmp_size: str | None = None  # init: /tmp's sizeLimit (a quantity); None: derived or the default
     declared_bytes: int | None = None  # init: what the bake's blobs declare, when known here
-    # what vLLM's torch.compile hashes need (serveargs.identity_serve_env of the bake's record)
-    compile_env: dict[str, str] = field(default_factory=dict)
+    model_pvc: str | None = None  # the claim mounted read-only at the `vllm serve` model path
+    model_in_image: bool = False  # ...or the serving image has the model at that path
+    serving_image_has_cachebake: bool = False  # image-volume: no cachebake-lib copy needed
+    bake_env: dict[str, str] = field(default_factory=dict)  # from the bake (serve-args), beside the roles'
 
 
-def server_command(model: str | None, cmd: tuple[str, ...] | list[str]) -> list[str]:
-    """``vllm serve`` with the recipe's serving flags (the ones a bake of it used), or ``cmd``."""
+def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest: dict | None = None,
+                   root: str | None = None) -> tuple[list[str], dict[str, str], list[str]]:
+    """(argv, environment, notes) of the server: ``cmd``; else the bake's own ``vllm serve``
+    command (``manifest``, a ``--driver vllm`` bake's: cachebake.serve.command.serve_command,
+    with the cache roles installed at ``root``), with the environment it records beside the
+    roles' (the model runner choice, cache-invalidating variables); else the recipe's flags."""
     if model and cmd:
-        raise BadInput("give --model or a command after --, not both")
+        raise UsageError("give --model or a command after --, not both")
     if cmd:
-        return list(cmd)
+        return list(cmd), {}, []
+    bake = manifest.get("bake") if isinstance(manifest, dict) else None
+    driver = bake.get("driver") if isinstance(bake, dict) else None
+    if driver == "vllm":
+        if model:
+            raise UsageError("--bake is a --driver vllm bake: its own command serves; give --model "
+                             "or --bake, not both")
+        from cachebake.serve.command import serve_command
+
+        cmd_ = serve_command(manifest, root=root, document="--bake: bake manifest")
+        extra = {k: v for k, v in cmd_.env.items() if k not in ROLE_ENV.values()}
+        return cmd_.argv, extra, list(cmd_.notes)
     if not model:
-        return []
+        raise UsageError("the server needs a command: --model M (`vllm serve` with its recipe's "
+                         "flags), --bake ART (a --driver vllm bake's own command) or -- CMD...")
     from cachebake.serveargs import BAKE_ONLY, resolve, serve_args_to_flags
 
     _, args, model_dir = resolve(model)
-    return ["vllm", "serve", model_dir,
-            *serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})]
+    if driver == "kernels":  # its kernels were planned for exact serve args: serve with those
+        from cachebake.artifact.schema import Checker
+
+        c = Checker("--bake: bake manifest")
+        plan = c.obj(bake.get("plan") or {}, "bake.plan")
+        args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
+        notes = [f"the server's flags are those the --driver kernels bake's engine plan was computed "
+                 f"for; its model path is recipe {model}'s"]
+    elif driver is None:
+        notes = [f"the server's flags are recipe {model}'s as this cachebake knows them: --bake ART (the "
+                 "bake pushed) serves with the bake's own command and environment"]
+    else:  # a command bake: it records no serve args
+        notes = [f"the server's flags are recipe {model}'s: the --bake ran a command, not vLLM"]
+    return (["vllm", "serve", model_dir,
+             *serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})], {}, notes)
+
+
+def model_path(command: list[str]) -> str | None:
+    """The model directory ``vllm serve PATH ...`` reads, if the command is one (an absolute
+    PATH: a Hugging Face id is fetched by vLLM, not mounted)."""
+    if command[:2] == ["vllm", "serve"] and len(command) > 2 and command[2].startswith("/"):
+        return command[2]
+    return None
+
+
+@dataclass
+class LocalBake:
+    """A local copy of the bake the Pod pulls (``--bake``): what its blobs declare and its
+    manifest."""
+
+    declared_bytes: int
+    manifest: dict
+
+
+def read_local_bake(artifact: str, target: str, pinned: str | None = None) -> LocalBake:
+    """The local copy's declared sizes (``declared_bytes``) and its bake manifest for
+    ``target``; ``pinned``: the manifest digest the Pod's reference names, which it must hold."""
+    from cachebake.artifact.oci import open_artifact
+
+    return LocalBake(declared_bytes(artifact, target, pinned),
+                     open_artifact(artifact).select(target).manifest.to_dict())
 
 
 def _nonroot(read_only_root: bool = True) -> dict:
@@ -188,7 +266,7 @@ def declared_bytes(artifact: str, target: str, pinned: str | None = None) -> int
     ref = art.select(target)
     if pinned and ref.manifest_digest != pinned:
         raise BadInput(f"{artifact}: its {target} image is {ref.manifest_digest}, not the {pinned} "
-                       "--artifact pins (--size-from must be the bake that was pushed)")
+                       "--artifact pins (--bake must be the bake that was pushed)")
     entry = art.entries_by_target()[ref.target]
     doc = f"{artifact}: image manifest"
     image = check_image_manifest(art.read_json_blob(entry, doc, CAP_IMAGE_MANIFEST), doc)
@@ -201,7 +279,7 @@ def check_plan(plan: PodPlan) -> None:
     from cachebake.distribute.registry import is_image_name
 
     for option, form, value in (("--name", "name", plan.name), ("--pull-secret", "secret", plan.pull_secret),
-                                ("--tmp-size", "quantity", plan.tmp_size)):
+                                ("--tmp-size", "quantity", plan.tmp_size), ("--model-pvc", "claim", plan.model_pvc)):
         why = form_error(form, value) if value is not None else None
         if why:
             raise BadInput(f"{option}: {why}")
@@ -210,6 +288,18 @@ def check_plan(plan: PodPlan) -> None:
             raise BadInput(f"{option}: {ascii(image)} is not an image name")
     if not plan.root.startswith("/") or one_line(plan.root) != plan.root:
         raise BadInput(f"--root: {ascii(plan.root)} is not an absolute path without control characters")
+    if plan.name in OUR_CONTAINERS:
+        raise BadInput(f"--name {plan.name}: a container cachebake adds is called that")
+
+
+def _lib_copy(plan: PodPlan, volumes: list[dict]) -> dict:
+    """``cachebake-lib``: the installer image copies cachebake's sources into an emptyDir, for
+    a serving image without cachebake (cachebake.distribute.probe)."""
+    volumes.append({"name": "cachebake-lib", "emptyDir": {"medium": "Memory", "sizeLimit": "32Mi"}})
+    return {"name": "cachebake-lib", "image": plan.installer_image,
+            "command": ["python3", "-m", "cachebake.distribute.probe", "--copy-package", LIB_DIR],
+            "volumeMounts": [{"name": "cachebake-lib", "mountPath": LIB_DIR}],
+            "securityContext": _nonroot()}
 
 
 def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:
@@ -230,13 +320,9 @@ def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:
                       "env": server.get("env", []), "volumeMounts": install_mounts,
                       "securityContext": _nonroot()})
         return inits, volumes
-    volumes += [{"name": "cachebake-lib", "emptyDir": {"medium": "Memory", "sizeLimit": "32Mi"}},
-                {"name": "cachebake-fingerprint", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    inits.append(_lib_copy(plan, volumes))
+    volumes.append({"name": "cachebake-fingerprint", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     fp_mount = {"name": "cachebake-fingerprint", "mountPath": FINGERPRINT_DIR}
-    inits.append({"name": "cachebake-lib", "image": plan.installer_image,
-                  "command": ["python3", "-m", "cachebake.distribute.probe", "--copy-package", LIB_DIR],
-                  "volumeMounts": [{"name": "cachebake-lib", "mountPath": LIB_DIR}],
-                  "securityContext": _nonroot()})
     # The server's own variables (cache-invalidating ones enter Triton's key) plus the copy of
     # cachebake on PYTHONPATH; python -I would drop PYTHONPATH, so the env carries it.
     fp_env = [e for e in server.get("env", []) if e["name"] != "PYTHONPATH"]
@@ -276,6 +362,40 @@ def _writable_vllm_role(plan: PodPlan, server: dict, volumes: list[dict]) -> lis
              "securityContext": _nonroot()}]
 
 
+def _miss_log_sidecar(plan: PodPlan, log: str) -> dict:
+    """A native sidecar (an init container with ``restartPolicy: Always``: started before the
+    server, alive as long as the Pod) streaming the overlay's miss log to the Pod's logs, as
+    README's "Serving" collects them (``kubectl logs POD -c miss-log``).  ``tail -F`` waits for
+    the file and never creates it; the serving image has tail (no other image to pull)."""
+    return {"name": MISS_LOG_CONTAINER, "image": plan.serving_image, "restartPolicy": "Always",
+            "command": ["tail", "-n", "+1", "-F", log],
+            "volumeMounts": [{"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT, "readOnly": True}],
+            "securityContext": _nonroot()}
+
+
+def _model_volume(plan: PodPlan, server: dict, volumes: list[dict], notes: list[str]) -> None:
+    """What the server's ``vllm serve PATH`` reads: the claim mounted read-only at PATH, or
+    the serving image's own copy; refused without either (the server would exit at start)."""
+    path = model_path(plan.command)
+    if path is None:
+        if plan.model_pvc:
+            raise UsageError("--model-pvc: the server's command serves no model directory "
+                             "(`vllm serve /PATH ...`) to mount it at")
+        return
+    if plan.model_pvc and plan.model_in_image:
+        raise UsageError("give --model-pvc CLAIM or --model-in-image, not both")
+    if plan.model_in_image:
+        notes.append(f"the server reads its model from {path} in the serving image (--model-in-image)")
+        return
+    if not plan.model_pvc:
+        raise UsageError(f"the server runs `vllm serve {one_line(path)}`: give --model-pvc CLAIM (a "
+                         "PersistentVolumeClaim holding the model, mounted read-only there) or "
+                         "--model-in-image (the serving image has it)")
+    volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": plan.model_pvc,
+                                                                    "readOnly": True}})
+    server["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": path, "readOnly": True})
+
+
 def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     """The Pod spec for ``plan`` and notes for the operator (things the spec cannot say)."""
     from cachebake.distribute.registry import is_reference, parse_reference
@@ -287,11 +407,13 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
     check_plan(plan)
     if not plan.target:
         raise BadInput("--target is needed (e.g. sm_90): the Pod's init containers see no GPU")
+    if not plan.command:
+        raise UsageError("the server needs a command (the serving image's entrypoint is not "
+                         "one): --model M, --bake ART or -- CMD...")
     plan.target = GPUTargetSpec.parse(plan.target).ref_name
-    server: dict = {"name": plan.name, "image": plan.serving_image}
-    if plan.command:
-        server["command"] = plan.command
-    server["env"] = _env({**_server_env(plan.root), **plan.compile_env})
+    server: dict = {"name": plan.name, "image": plan.serving_image, "command": plan.command}
+    server["env"] = _env({**_server_env(plan.root),
+                          **{k: v for k, v in plan.bake_env.items() if k not in ROLE_ENV.values()}})
     server["volumeMounts"] = []
     if plan.gpus:
         server["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus}}
@@ -300,13 +422,17 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
         if not plan.install_in_serving_image and not plan.installer_image:
             raise BadInput(f"--installer-image is needed (build it from {DEFAULT_INSTALLER_NOTE}), "
                            "or --install-in-serving-image")
+        if plan.serving_image_has_cachebake:
+            raise UsageError("--serving-image-has-cachebake is for --pattern image-volume (the init "
+                             "pattern's server does not import cachebake; --install-in-serving-image "
+                             "runs the install there)")
         if is_reference(plan.artifact):
             parse_reference(plan.artifact)
         inits, volumes = _init_pattern(plan, server)
         if is_reference(plan.artifact) and not plan.tmp_size and plan.declared_bytes is None:
             notes.append(f"/tmp of the installer (where the registry pull lands) is limited to "
                          f"{DEFAULT_TMP_SIZE}, the default: the bake's size cannot be seen from a "
-                         "reference (--size-from ART derives it, --tmp-size sets it)")
+                         "reference (--bake ART derives it, --tmp-size sets it)")
         # Writable: a kernel the bake missed is compiled and cached in this Pod's copy.
         server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root})
         spec["initContainers"] = inits
@@ -314,9 +440,18 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
         if not is_reference(plan.artifact):
             raise BadInput(f"{plan.artifact}: an image volume needs a registry reference "
                            "(docker://HOST/REPO:TAG, as `cachebake push` printed it)")
+        if plan.install_in_serving_image:
+            raise UsageError("--install-in-serving-image is for --pattern init (an image volume "
+                             "installs nothing)")
+        if plan.serving_image_has_cachebake == bool(plan.installer_image):
+            raise UsageError("--pattern image-volume points TRITON_CACHE_MANAGER at cachebake's layered "
+                             "cache manager, which the server imports: give --installer-image IMG (an "
+                             "init container copies cachebake onto the server's PYTHONPATH) or "
+                             "--serving-image-has-cachebake, one of them")
         ref = parse_reference(plan.artifact)
         image_ref = f"{ref.name}@{ref.digest}" if ref.digest else f"{ref.name}:{ref.tag or plan.target}"
-        server["env"] += _env(overlay_env(OVERLAY_MOUNT))
+        overlay = overlay_env(OVERLAY_MOUNT)
+        server["env"] += _env(overlay)
         # ROOT first, then the vllm role's mount inside it (runtimes sort mounts by depth too)
         server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root, "readOnly": True})
         volumes = [{"name": "cachebake", "image": {"reference": image_ref, "pullPolicy": "IfNotPresent"}}]
@@ -324,18 +459,23 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
         server["volumeMounts"].append({"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT})
         volumes.append({"name": "cachebake-overlay", "emptyDir": {}})
         if inits:
-            spec["initContainers"] = inits
             notes.append(f"assumed the bake has a vllm role (the generator cannot see the image's "
                          f"roles): it is copied to a writable emptyDir at {role_dir(plan.root, 'vllm')}; "
                          "for a bake without one (`cachebake inspect` lists roles) use --no-vllm-role, "
                          "or the server cannot start (no mount point in the read-only image)")
+        if not plan.serving_image_has_cachebake:
+            inits.append(_lib_copy(plan, volumes))
+            server["volumeMounts"].append({"name": "cachebake-lib", "mountPath": LIB_DIR, "readOnly": True})
+            server["env"] = [e for e in server["env"] if e["name"] != "PYTHONPATH"]
+            server["env"].append({"name": "PYTHONPATH", "value": LIB_DIR})
+            notes.append(f"the server imports cachebake's layered cache manager from {LIB_DIR} "
+                         "(PYTHONPATH, copied there by cachebake-lib from the installer image): a "
+                         "PYTHONPATH the serving image sets is replaced")
+        inits.append(_miss_log_sidecar(plan, overlay[MISS_LOG_ENV]))
+        spec["initContainers"] = inits
         notes.append(f"image volumes need Kubernetes >= 1.35 and a runtime that reads zstd layers "
                      f"(containerd >= 1.5, CRI-O); {plan.root} must be the root the bake was made at")
-        notes.append("TRITON_CACHE_MANAGER names cachebake's layered cache manager (misses go to "
-                     f"the {OVERLAY_MOUNT} emptyDir): the serving image needs cachebake installed")
-    if plan.command[:2] == ["vllm", "serve"] and len(plan.command) > 2:
-        notes.append(f"the server reads its model from {plan.command[2]}: mount it there "
-                     "(a PersistentVolumeClaim, or an image volume)")
+    _model_volume(plan, server, volumes, notes)
     if plan.pull_secret:
         spec["imagePullSecrets"] = [{"name": plan.pull_secret}]
     spec["containers"] = [server]
@@ -360,6 +500,18 @@ def manifest(plan: PodPlan) -> tuple[dict, list[str]]:
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": plan.name}},
                      "template": {"metadata": {"labels": labels, "annotations": annotations},
                                   "spec": spec}}}, notes
+
+
+def default_format() -> tuple[str, str | None]:
+    """(format, note): YAML where PyYAML is installed (the ``k8s`` extra), else JSON, which
+    kubectl reads as it is (JSON is YAML), with a note saying so: a plain ``pip install .``
+    still writes manifests that apply."""
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        return "json", ("PyYAML is not installed: wrote the manifest as JSON (kubectl apply -f "
+                        "reads it as it is); pip install 'cachebake[k8s]' for YAML")
+    return "yaml", None
 
 
 def render(doc: dict, notes: list[str], fmt: str = "yaml") -> str:

@@ -186,6 +186,8 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     """The driver the CLI options ask for: ``-- CMD`` wins; else ``--driver`` (default:
     ``default_driver()``) with ``--model``, which must name a recipe or a model config.
     ``plan``: an engine plan file (`cachebake plan --json`), kernels driver only."""
+    # What the command line asks for does not make a warmup: usage errors (exit 2), as a
+    # missing argument is; a model that is not there is bad input (exit 3, load_recipe).
     if cmd:
         if driver not in (None, "command"):
             raise UsageError(f"give either --driver {driver} or -- CMD, not both")
@@ -196,7 +198,7 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         raise UsageError(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
     if not model:
         raise UsageError("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
-                       "or a model directory) or the warmup command after --")
+                         "or a model directory) or the warmup command after --")
     from cachebake.recipes import load_recipe
 
     load_recipe(model)  # a mistyped model is refused here, not in round 1

@@ -54,7 +54,7 @@ def make_plan_report(model: str, tp: int | None, serve_args, gpu: str | None,
     """Compute the plan with vllm when it imports (and say whether the stored one equals it);
     without vllm, or with ``stored_only``, return the stored plan of exactly these args."""
     from cachebake.errors import Unsupported
-    from cachebake.plan import gpu_target
+    from cachebake.plan import DEFAULT_GPU, gpu_target
     from cachebake.plan.store import plan_file, stored_plan
     from cachebake.serveargs import resolve
 
@@ -68,6 +68,13 @@ def make_plan_report(model: str, tp: int | None, serve_args, gpu: str | None,
     if stored_only or not have_vllm:
         if stored is None:
             why = "--stored" if stored_only else "vllm is not installed here"
+            # Blame what differs from the store: the serve args, or (stored for them on the
+            # default GPU) --gpu-memory.
+            if gpu_target(gpu) != gpu_target(None) and stored_plan(recipe, args, None) is not None:
+                raise Unsupported(f"no stored engine plan for {recipe.ref} on --gpu-memory {gpu} "
+                                  f"(stored plans are for {DEFAULT_GPU}), and {why}: compute it "
+                                  "where vllm is installed (`cachebake plan`), or leave out "
+                                  "--gpu-memory")
             raise Unsupported(f"no stored engine plan for {recipe.ref} with these serve args, and "
                               f"{why}: compute it where vllm is installed (`cachebake plan`)")
         return PlanReport(recipe.ref, f"stored {plan_file(recipe.name).name}", stored)

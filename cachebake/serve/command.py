@@ -129,6 +129,27 @@ def _roles(value, c, field: str) -> list[str] | None:
     return check_roles(value, c, field)
 
 
+def _kernels_bake(c, bake: dict) -> str:
+    """What ``serve-args`` can still say of a ``--driver kernels`` bake: it holds vLLM's
+    Mamba2 kernels for one engine plan, and no engine record (model path, torch.compile), so
+    no whole command; but the plan was computed for exact serve args, and a server started
+    with them on that GPU hits those kernels.  The flags come from the artifact: one line,
+    control characters escaped (``one_line``)."""
+    plan = c.obj(bake.get("plan") or {}, "bake.plan")
+    args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
+    target = c.obj(plan.get("target") or {}, "bake.plan.target")
+    gpu = c.opt_str(target.get("gpu_name"), "bake.plan.target.gpu_name")
+    flags = serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})
+    if not flags:
+        return ("this is a --driver kernels bake (vLLM's Mamba2 kernels only) and records no "
+                "serve args: serve-args prints a whole command for a --driver vllm bake")
+    return one_line(f"this is a --driver kernels bake (vLLM's Mamba2 kernels only, no engine "
+                    f"record, so no whole command): its engine plan was computed for "
+                    f"`vllm serve MODEL {shlex.join(flags)}`" + (f" on {gpu}" if gpu else "")
+                    + "; serve with exactly these flags and the environment `cachebake install` "
+                    "prints for the kernels to hit; a --driver vllm bake gives the whole command")
+
+
 def serve_command(manifest: dict[str, Any], root: str | None = None,
                   document: str = "bake manifest") -> ServeCommand:
     """The ``vllm serve`` command and environment matching a bake, from its manifest dict.
@@ -143,6 +164,8 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
 
     c = Checker(document)
     bake = c.obj(manifest.get("bake") or {}, "bake")
+    if bake.get("driver") == "kernels":
+        raise BadInput(_kernels_bake(c, bake))
     if bake.get("driver") != "vllm":
         raise BadInput("this artifact was not baked with the vllm driver: it records no vLLM serve args")
     model = bake.get("model")

@@ -1,0 +1,73 @@
+"""README's first section as a stranger meets it: the commands of "Start here" run as typed in
+a fresh copy of the checkout on a machine without a GPU and do what README says (one line,
+exit 7, within seconds), and its "Tested with" line names the versions the benches recorded
+(bench/RESULTS.md), so neither drifts from what is true."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from installkit import REPO
+
+README = (REPO / "README.md").read_text()
+START = README.split("\n## Start here\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _blocks(text: str) -> list[list[str]]:
+    return [b.strip().splitlines() for b in re.findall(r"```sh\n(.*?)```", text, re.S)]
+
+
+def test_start_here_is_two_commands_the_install_and_bake_and_the_tests():
+    stock, in_image, tests = _blocks(START)
+    assert in_image == ["python3 -m pip install . && cachebake build --model nemotron-h"]
+    assert stock[-1] == in_image[0]  # the venv lines come first where the Python is managed
+    assert any("python3-venv" in ln for ln in stock) and any("-m venv" in ln for ln in stock)
+    assert tests == ["bash .ci/run"]
+
+
+@pytest.mark.slow
+def test_start_here_as_typed_on_a_machine_without_a_gpu(tmp_path):
+    """The stock-Debian block, in a fresh copy of the checkout, with a fresh venv: the install
+    works (no PEP 668 refusal) and the bake stops with one line naming what is missing (exit 7;
+how fast: tests/test_bake_build.py).
+    Its apt-get line is left out: the suite does not install system packages (.ci/run did)."""
+    if any(Path(d, "nvidia-smi").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("a GPU machine: this is about one without a GPU")
+    stock = _blocks(START)[0]
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, checkout / name)
+    shutil.copytree(REPO / "cachebake", checkout / "cachebake", ignore=shutil.ignore_patterns("__pycache__"))
+    script = "\n".join(ln for ln in stock if not ln.startswith("apt-get "))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TRITON_", "CACHEBAKE_", "VIRTUAL_ENV", "PYTHON"))}
+    env["HOME"] = str(tmp_path)
+    r = subprocess.run(["bash", "-c", script], cwd=checkout, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 7, r.stdout[-2000:] + r.stderr[-2000:]
+    ours = [ln for ln in r.stderr.splitlines() if ln.startswith("cachebake")]
+    assert ours == [r.stderr.splitlines()[-1]] and "no bake driver can run here" in ours[0]
+    assert (checkout / ".venv" / "bin" / "cachebake").exists()
+    assert not (checkout / "cachebake-nemotron-h").exists()  # nothing written by the refused bake
+
+
+def test_tested_with_names_what_the_benches_ran():
+    line = " ".join(README.split("\nTested with: ", 1)[1].split("\n\n", 1)[0].split())
+    engine = re.match(r"vLLM (\S+)'s engine on an NVIDIA (\S+) \((sm_\d+)\) with torch (\S+) and Triton (\S+) ",
+                      line)
+    assert engine, line
+    vllm, gpu, sm, torch, triton = engine.groups()
+    results = (REPO / "bench" / "RESULTS.md").read_text()
+    # the engine runs' header: GPU, torch, Triton and vLLM as the bench recorded them
+    assert any(f"NVIDIA {gpu}" in ln and f"torch {torch}" in ln and f"triton {triton}" in ln
+               and f"vLLM {vllm}" in ln for ln in results.splitlines()), "no such engine run in bench/RESULTS.md"
+    assert f"({sm};" in results
+    ops = re.search(r"vLLM (\S+)'s Mamba2 ops on that", line)
+    assert ops and f"vLLM {ops[1]}'s" in results
+    # and the Triton the test suite runs with
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"triton=={triton}"' in pyproject
