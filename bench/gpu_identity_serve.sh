@@ -9,7 +9,9 @@
 # STAGE, in order:
 #   setup   copy the checkout, cachebake.egg-info (its vllm plugin entry point), the tokenizer
 #           (.carry/tok) and zstandard (.whl) where uid 65534 can read them; versions
-#   bake    cd /tmp/gis && cachebake build --model nemotron-h (README's first command; the
+#   bake    cd /tmp/gis && cachebake build --model nemotron-h --keep-root (README's first command,
+#           keeping the bake root for the warm restart; the 2026-12-01 run predates --keep-root and
+#           its default of emptying the root, so it ran without the flag; the
 #           default root /var/cache/cachebake and model dir /models/nemotron-h-8b)   (~6 min)
 #   serve   install at /srv/cb as uid 65534, `verify --check-only` there (with serve-args'
 #           env: expect 0; without it: expect 4), then `vllm serve` as uid 65534 with HOME
@@ -57,7 +59,8 @@ setup)
   ;;
 bake)
   rm -rf /var/cache/cachebake "$ART" "$G/bw"
-  cd "$G" && timed build "${CB[@]}" build --model nemotron-h --work-dir "$G/bw" --json
+  # --keep-root: the warm restart below serves from the bake root itself
+  cd "$G" && timed build "${CB[@]}" build --model nemotron-h --keep-root --work-dir "$G/bw" --json
   "${CB[@]}" inspect "$ART" --json >"$R/inspect.json" 2>&1
   python3 - "$ART" >"$R/identity.json" <<'EOF'
 import json, sys

@@ -109,7 +109,7 @@ def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
     assert server["volumeMounts"][:2] == [{"name": "cachebake", "mountPath": ROOT, "readOnly": True},
                                           {"name": "cachebake-vllm", "mountPath": f"{ROOT}/vllm"}]
     env = _env_of(server)
-    assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay"
+    assert env["CACHEBAKE_OVERLAY_DIR"] == "/var/cache/cachebake-overlay/cachebake"  # the server's 0700 dir
     assert env["VLLM_CACHE_ROOT"] == f"{ROOT}/vllm" and env["TRITON_CACHE_DIR"] == f"{ROOT}/triton"
     # The manager TRITON_CACHE_MANAGER names is importable: cachebake copied onto PYTHONPATH
     assert env["TRITON_CACHE_MANAGER"] == "cachebake.serve.layered:LayeredCacheManager"
@@ -126,12 +126,16 @@ def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
     # The miss log streamed to the Pod's logs by a native sidecar (README, "Serving")
     assert miss_log["name"] == "miss-log" and miss_log["restartPolicy"] == "Always"
     assert miss_log["command"] == ["tail", "-n", "+1", "-F", env["CACHEBAKE_MISS_LOG"]]
-    assert env["CACHEBAKE_MISS_LOG"] == "/var/cache/cachebake-overlay/misses.jsonl"
+    assert env["CACHEBAKE_MISS_LOG"] == "/var/cache/cachebake-overlay/cachebake/misses.jsonl"
     assert miss_log["volumeMounts"] == [{"name": "cachebake-overlay", "mountPath": "/var/cache/cachebake-overlay",
                                          "readOnly": True}]
     for c in pod["initContainers"]:
         sc = c["securityContext"]
-        assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+        if c is miss_log:  # the server's user, who alone may read its 0700 overlay
+            assert "runAsUser" not in sc and sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+        else:
+            assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
     assert "assumed the bake has a vllm role" in r.stderr and "PYTHONPATH" in r.stderr
 
 
@@ -514,6 +518,7 @@ module, _, cls = os.environ["TRITON_CACHE_MANAGER"].partition(":")
 manager = getattr(importlib.import_module(module), cls)
 out["manager"] = f"{manager.__module__}:{manager.__qualname__}"
 out["manager_file"] = importlib.import_module(module).__file__
+os.makedirs(os.path.dirname(os.environ["CACHEBAKE_MISS_LOG"]), mode=0o700, exist_ok=True)  # as the manager makes it
 with open(os.environ["CACHEBAKE_MISS_LOG"], "a") as f:
     f.write(json.dumps({"kind": "kernel", "kernel": "stand_in_miss"}) + "\n")
 print(json.dumps(out))

@@ -82,6 +82,9 @@ FINGERPRINT_DIR = "/cachebake-fingerprint"
 LIB_DIR = "/cachebake-lib"
 AUTH_DIR = "/cachebake-auth"
 OVERLAY_MOUNT = "/var/cache/cachebake-overlay"
+# The overlay is a dir the server makes inside the emptyDir: the layered manager refuses an
+# overlay that others can write (an emptyDir is 0777) and makes its own 0700 (README, Trust).
+OVERLAY_DIR = f"{OVERLAY_MOUNT}/cachebake"
 IMAGE_COPY_MOUNT = "/cachebake-image"  # where cachebake-vllm-copy sees the bake image
 VLLM_COPY_MOUNT = "/cachebake-vllm"  # ...and the emptyDir it fills, the server's ROOT/vllm
 VLLM_EMPTY_ROOT = "/var/cache/cachebake-vllm"  # VLLM_CACHE_ROOT for a bake without the role
@@ -370,7 +373,11 @@ def _miss_log_sidecar(plan: PodPlan, log: str) -> dict:
     return {"name": MISS_LOG_CONTAINER, "image": plan.serving_image, "restartPolicy": "Always",
             "command": ["tail", "-n", "+1", "-F", log],
             "volumeMounts": [{"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT, "readOnly": True}],
-            "securityContext": _nonroot()}
+            # the server's own user (the image's, as the server container runs): the overlay is
+            # the server's 0700 dir, which no other uid may read; hardened otherwise
+            "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "seccompProfile": {"type": "RuntimeDefault"}}}
 
 
 def _model_volume(plan: PodPlan, server: dict, volumes: list[dict], notes: list[str]) -> None:
@@ -450,7 +457,7 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
                              "--serving-image-has-cachebake, one of them")
         ref = parse_reference(plan.artifact)
         image_ref = f"{ref.name}@{ref.digest}" if ref.digest else f"{ref.name}:{ref.tag or plan.target}"
-        overlay = overlay_env(OVERLAY_MOUNT)
+        overlay = overlay_env(OVERLAY_DIR)
         server["env"] += _env(overlay)
         # ROOT first, then the vllm role's mount inside it (runtimes sort mounts by depth too)
         server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root, "readOnly": True})
