@@ -232,3 +232,38 @@ def test_a_kernels_bakes_flags_from_a_hostile_manifest_stay_on_one_line(tmp_path
                         str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
                        env=_env(), cwd=tmp_path)
     assert r.returncode == ExitCode.CORRUPT and "bake.plan.serve_args" in r.stderr
+
+
+LOADERS = {"serve_env": ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PATH", "CC",
+                         "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_PTXAS_PATH",
+                         "VLLM_PLUGINS", "HOME"],
+           "invalidating_env_vars": ["LLVM_PASS_PLUGIN_PATH", "TRITON_CACHE_MANAGER", "LD_PRELOAD",
+                                     "MLIR_DUMP_PATH", "PYTHONPATH"]}
+
+
+@pytest.mark.parametrize("key, where", [(k, w) for w, ks in LOADERS.items() for k in ks])
+def test_a_variable_that_loads_code_is_never_handed_to_the_server(triton_cache, tmp_path, key, where):
+    """A well-formed name an artifact must still not set in the server: a library to preload,
+    a Python path, a class to import, a binary or compiler to run, a plugin: refused (exit 5)
+    naming it, nothing printed for eval."""
+    bake = _bake(**{where: {key: str(tmp_path / "evil.so")}})
+    art = _artifact(triton_cache, tmp_path, bake)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == ExitCode.CORRUPT, r.stderr
+    assert f"bake.{where}.{key}" in r.stderr and "may set in the server" in r.stderr
+    assert argv == [] and changed == {}
+
+
+def test_the_variables_a_bake_runs_with_still_travel(triton_cache, tmp_path):
+    """vLLM's switches and Triton's cache-invalidating variables pass, as the server needs them."""
+    bake = _bake(serve_env={"TRITON_CACHE_AUTOTUNING": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"},
+                 invalidating_env_vars={"TRITON_DEFAULT_FP_FUSION": "0", "DISABLE_PTXAS_OPT": "1"})
+    art = _artifact(triton_cache, tmp_path, bake)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == 0, r.stderr
+    assert changed["VLLM_USE_V2_MODEL_RUNNER"] == "1" and changed["TRITON_DEFAULT_FP_FUSION"] == "0"
+    assert changed["DISABLE_PTXAS_OPT"] == "1"

@@ -341,25 +341,6 @@ def test_traced_files_a_record_names_are_read_as_files_only(tmp_path):
     assert changed == ["/dev/zero", str(here)]
 
 
-def test_k8s_gives_the_server_the_bakes_torch_compile_variables(tmp_path):
-    """``cachebake k8s --bake``: the server container's env carries identity_serve_env."""
-    from cachebake.distribute.k8s import PodPlan, pod_spec
-
-    manifest_file = tmp_path / "manifest.json"
-    manifest_file.write_text(json.dumps(_manifest(real_identity())))
-    r = cli("k8s", "--artifact", "docker://registry.example/bakes/nemotron:sm_90", "--serving-image", "vllm",
-            "--target", "sm_90", "--install-in-serving-image", "--bake", manifest_file, "--format", "json",
-            check=True)
-    doc = json.loads(r.stdout)
-    (server,) = doc["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in server["env"]}
-    assert {k: env[k] for k in PATH_FACTORS} == PATH_FACTORS
-    assert env["VLLM_CACHE_ROOT"] == "/var/cache/cachebake/vllm"
-    spec, _ = pod_spec(PodPlan(artifact="docker://r.example/b:sm_90", serving_image="v", target="sm_90",
-                               install_in_serving_image=True))
-    assert "VLLM_CONFIG_ROOT" not in {e["name"] for e in spec["containers"][0]["env"]}
-
-
 # ---- the real --driver vllm artifact of 2026-12-01 (tests/data) --------------------------
 
 REAL_ART = Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
@@ -433,3 +414,23 @@ def test_the_real_bakes_dirs_are_predicted_from_the_engines_config_hash(real_bak
     assert not report.differences, [str(d) for d in report.differences]
     assert report.predicted["backend_dirs"] == ["b5f17cf9b9"]
     assert [h[:12] for h in report.predicted["aot"]] == ["a81caeba2363"]
+
+
+def test_k8s_gives_the_server_the_bakes_torch_compile_variables(real_bake):
+    """``cachebake k8s --bake ART``: the server container's env carries the bake's
+    torch.compile variables as recorded (serve-args' env), the roles at the serving root."""
+    from cachebake.distribute.k8s import PodPlan, pod_spec
+
+    art, _ = real_bake
+    r = cli("k8s", "--artifact", "docker://registry.example/bakes/nemotron:sm_90", "--serving-image", "vllm",
+            "--target", "sm_90", "--install-in-serving-image", "--bake", art, "--model-pvc", "models",
+            "--format", "json", check=True)
+    doc = json.loads(r.stdout)
+    (server,) = doc["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    assert env["VLLM_CONFIG_ROOT"] == "/root/.config/vllm"
+    assert env["VLLM_XLA_CACHE_PATH"] == "/root/.cache/vllm/xla_cache"
+    assert env["VLLM_CACHE_ROOT"] == "/var/cache/cachebake/vllm"
+    spec, _ = pod_spec(PodPlan(artifact="docker://r.example/b:sm_90", serving_image="v", target="sm_90",
+                               install_in_serving_image=True, command=["true"]))
+    assert "VLLM_CONFIG_ROOT" not in {e["name"] for e in spec["containers"][0]["env"]}

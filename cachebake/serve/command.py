@@ -45,15 +45,37 @@ def comment(text) -> str:
     return f"# {one_line(text)}"
 
 
-def check_env(env: dict, document: str, field: str) -> dict[str, str]:
+# What an artifact may set in the server's environment.  The bake records what it ran with
+# (vLLM's switches such as VLLM_USE_V2_MODEL_RUNNER; Triton's cache-invalidating variables, which
+# enter every kernel key), and serve-args hands that on; but a manifest is hostile, and some
+# variables make a process load code or run a program of the writer's choosing (LD_PRELOAD,
+# PYTHONPATH, TRITON_CACHE_MANAGER names a class to import, TRITON_PTXAS_PATH a binary, CC a
+# compiler).  So only these families pass, and within them no name that points at something to
+# load or run.
+SERVER_ENV_PREFIXES = ("VLLM_", "TRITON_", "TORCHINDUCTOR_", "FLASHINFER_", "HF_")
+# Triton 3.6's cache-invalidating variables (triton/knobs.py env names) beside TRITON_*
+INVALIDATING_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "NVPTX_", "AMDGCN_")
+INVALIDATING_NAMES = ("DISABLE_PTXAS_OPT", "PTXAS_OPTIONS", "USE_IR_LOC")
+_LOADS_SOMETHING = re.compile(r"(?:_PATHS?|_DIR|_MANAGER|_BACKEND|_PLUGINS?|_LIBS?|_FILE|PRELOAD)\Z")
+
+
+def check_env(env: dict, document: str, field: str,
+              allowed: tuple[tuple[str, ...], tuple[str, ...]] | None = None) -> dict[str, str]:
     """``env`` as a server environment: names ``ENV_NAME``, values strings without NUL (which
-    no environment can hold); anything else is refused as a malformed document (exit 5)."""
+    no environment can hold); anything else is refused as a malformed document (exit 5).
+    ``allowed``: (prefixes, names) a key must match, and then name nothing to load or run."""
     if not isinstance(env, dict):
         raise InvalidDocument(document, field, "must be an object of environment variables")
     for key, value in env.items():
         if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
             raise InvalidDocument(document, f"{field}[{ascii(key)}]",
                                   "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if allowed is not None and not (key.startswith(allowed[0]) or key in allowed[1]) or (
+                allowed is not None and _LOADS_SOMETHING.search(key) and key not in allowed[1]):
+            raise InvalidDocument(document, f"{field}.{key}",
+                                  "is not a variable an artifact may set in the server (it names "
+                                  "code or a program to load, or is outside "
+                                  f"{', '.join(p + '*' for p in allowed[0])})")
         if not isinstance(value, str) or "\0" in value:
             raise InvalidDocument(document, f"{field}.{key}", "must be a string without NUL")
     return env
@@ -200,7 +222,9 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
     base = root or c.opt_str(env_rec.get("root"), "bake.env.root")
     if base is not None and not base.startswith("/"):
         c.fail("bake.env.root", "must be an absolute path")
-    baked_env = check_env(bake.get("serve_env") or {}, document, "bake.serve_env")
+    # the roles' own variables: where the bake had them (replaced below by the install's)
+    baked_env = check_env(bake.get("serve_env") or {}, document, "bake.serve_env",
+                          (SERVER_ENV_PREFIXES, tuple(roles_mod.ROLE_ENV.values())))
     if base is not None:
         roles = list(roles or roles_mod.ROLE_ENV)
         left_out = _left_out(root) if root else {}
@@ -213,10 +237,12 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
         env.update(baked_env)
     # Cache-invalidating variables enter every kernel key: the server must set them identically.
     fingerprint = c.obj(manifest.get("fingerprint") or {}, "fingerprint")
-    env.update(check_env(fingerprint.get("env") or {}, document, "fingerprint.env"))
+    invalidating = (INVALIDATING_PREFIXES, INVALIDATING_NAMES)
+    env.update(check_env(fingerprint.get("env") or {}, document, "fingerprint.env", invalidating))
     env.update(check_env(env_rec.get("invalidating_env_vars") or {}, document,
-                         "bake.env.invalidating_env_vars"))
-    env.update(check_env(bake.get("invalidating_env_vars") or {}, document, "bake.invalidating_env_vars"))
+                         "bake.env.invalidating_env_vars", invalidating))
+    env.update(check_env(bake.get("invalidating_env_vars") or {}, document,
+                         "bake.invalidating_env_vars", invalidating))
     # vLLM's torch.compile hashes: the factors that follow HOME/XDG, exactly as the bake had them
     env.update(identity_serve_env(bake))
     notes += identity_notes(bake, path, env)
