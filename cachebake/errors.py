@@ -228,14 +228,27 @@ def from_os_error(e: OSError, path: os.PathLike | str | None = None, what: str =
 ERROR_PREFIX = "cachebake: error: "
 
 
+# C0 and C1 control characters and DEL: what a terminal acts on (ESC starts a control
+# sequence that can move the cursor, rewrite what is shown, set the title, or on some
+# terminals write files).  Kernel names, keys, paths and registry messages come from
+# artifacts, logs and other programs.
+_CONTROL = dict.fromkeys([*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0)], "\ufffd")
+
+
+def printable(value) -> str:
+    """``value`` as text a terminal only shows: every control character replaced by U+FFFD.
+    The text views' ``cli.render.safe`` adds rich markup escaping on top."""
+    return str(value).translate(_CONTROL)
+
+
 def print_error(err: CachebakeError, stream: TextIO | None = None) -> None:
     """``err`` as its one line (``cachebake: error: ...``), then its detail lines indented
     (preflight's differences), on ``stream`` (default: stderr), flushed.  Plain text, no rich:
     the error that rich itself is missing must print too."""
     stream = sys.stderr if stream is None else stream
-    stream.write(ERROR_PREFIX + err.line() + "\n")
+    stream.write(ERROR_PREFIX + printable(err.line()) + "\n")
     for line in err.details():
-        stream.write(f"  {line}\n")
+        stream.write(f"  {printable(line)}\n")
     stream.flush()
 
 

@@ -5,7 +5,8 @@ import io
 
 from rich.console import Console
 
-from cachebake.cli.render import printable, safe
+from cachebake.cli.render import safe
+from cachebake.errors import printable
 
 
 def test_control_characters_are_replaced_not_passed_through():

@@ -40,3 +40,17 @@ def test_an_os_error_without_a_path_reads_as_a_sentence():
     assert from_os_error(e).line() == "No space left on device"  # not ": No space left on device"
     assert from_os_error(e, "/v", "cannot write").line() == "/v: cannot write: No space left on device"
     assert isinstance(from_os_error(e, what="lock"), BadInput)
+
+
+def test_an_error_line_reaches_the_terminal_without_control_sequences():
+    """A message built from hostile text (a registry's answer, a key from a document): the
+    one line the CLI prints has every control character replaced."""
+    import io
+
+    from cachebake.errors import BadInput, print_error
+
+    buf = io.StringIO()
+    print_error(BadInput("registry said: \x1b]0;owned\x07\x1b[2Jgone"), buf)
+    out = buf.getvalue()
+    assert out.count("\n") == 1 and "\x1b" not in out and "\x07" not in out
+    assert out.startswith("cachebake: error: registry said: \ufffd]0;owned")

@@ -11,17 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-
-# C0 and C1 control characters and DEL: what a terminal acts on (ESC starts a control
-# sequence that can move the cursor, rewrite what is shown, set the title, or on some
-# terminals write files).  Kernel names, keys and paths come from artifacts and logs.
-_CONTROL = dict.fromkeys([*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0)], "\ufffd")
-
-
-def printable(value) -> str:
-    """``value`` as text a terminal only shows: every control character replaced by U+FFFD.
-    For text printed with ``markup=False``; ``safe`` for text inside rich markup."""
-    return str(value).translate(_CONTROL)
+from cachebake.errors import printable
 
 
 def safe(value) -> str:
