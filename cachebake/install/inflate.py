@@ -10,7 +10,8 @@ The decompressed total may not pass the manifest's declared tar size (refused at
 byte over, UNSAFE); zstd frames needing a window over 128 MiB are refused by the decoder
 (``MAX_WINDOW``: the packer writes window log 27, zstd's own default decoding limit).  When
 the zstd stream ends, the compressed source is read to its end, which is where the source
-checks the blob's size and digest (see ``LayerStream`` in artifact/reader.py).
+checks the blob's size and digest (``VerifyingReader`` in artifact/oci.py, which every
+source's ``open_layer`` returns: artifact/reader.py).
 """
 
 from __future__ import annotations
