@@ -47,21 +47,12 @@ def write_env_file(path: str, env: dict[str, str]) -> None:
     beside itself and renamed into place, so a server never sources half a file."""
     import shlex
 
-    from cachebake.errors import BadInput, from_os_error
+    from cachebake import jsonio
+    from cachebake.errors import BadInput
     from cachebake.serve.command import ENV_NAME
 
     bad = [k for k in env if not ENV_NAME.fullmatch(k)]
     if bad:
         raise BadInput(f"the bake's environment has names that are no variable names: {bad[:3]}")
     text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise from_os_error(e, path, "cannot write the env file") from None
+    jsonio.write_atomic(path, text.encode())  # whole or not at all, a random temp name
