@@ -57,7 +57,7 @@ def _cpu() -> float:
 
 def in_memory_dir(path: Path) -> bool:
     """Whether ``path`` is on tmpfs/ramfs (install/staging.py's choice of writer lanes)."""
-    from cachebake.install.fsops import DIR_FLAGS, in_memory
+    from cachebake.fsops import DIR_FLAGS, in_memory
 
     fd = os.open(path, DIR_FLAGS)
     try:
@@ -228,7 +228,7 @@ def _extract_into(ctx, lanes=None, transform=False, checkpoint=False, verified=F
 
     from cachebake.artifact.reader import open_source
     from cachebake.install import extract, relocate
-    from cachebake.install.fsops import DIR_FLAGS
+    from cachebake.fsops import DIR_FLAGS
 
     source = open_source(str(ctx.art)) if verified else None
     bake = source.select("sm_90") if verified else None

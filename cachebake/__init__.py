@@ -3,7 +3,8 @@
 The data flows one way, one room a step, and no module imports a later one
 (tests/test_layers.py holds the code to it):
 
-    errors, jsonio, roles, gpu, toolchain   the bottom: exit codes, strict JSON, where caches live
+    errors, jsonio, roles, gpu,             the bottom: exit codes, strict JSON, where caches live,
+    toolchain, fsops                        the GPU, the C toolchain, fd-relative file operations
     recipes, serveargs                      what is baked: a model's config and its serve args
     capture                                 the bake env, the compile monitor and the compile record
     artifact                                snapshot -> manifest -> layer -> OCI layout, and its reader

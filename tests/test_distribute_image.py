@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from containerkit import (ROOT, WARMUP, cli, container_artifact, dockerfile_context, engines,  # noqa: F401
+from containerkit import (cachebake_wheel, ROOT, WARMUP, cli, container_artifact, dockerfile_context, engines,  # noqa: F401
                           serving_cachebake, verify_json)
 
 from cachebake.distribute.image import (CACHE_DOCKERFILE, build_args, device_requests,

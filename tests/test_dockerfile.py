@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from containerkit import (DEVICE_FLAG, ROOT, WARMUP, cpu_dockerfile, dockerfile_context,  # noqa: F401
+from containerkit import (cachebake_wheel, DEVICE_FLAG, ROOT, WARMUP, cpu_dockerfile, dockerfile_context,  # noqa: F401
                           engines, served, verify_json)
 from installkit import REPO
 

@@ -11,7 +11,8 @@ import pytest
 from cachebake.artifact.layer import LayerWriter
 from cachebake.artifact.snapshot import CacheRoot, snapshot_roots
 from cachebake.errors import UnsafeArtifact
-from cachebake.install import extract, fsops, staging
+from cachebake import fsops
+from cachebake.install import extract, staging
 from cachebake.install.extract import LayerLimits, extract_layer
 
 

@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parent.parent / "cachebake"
 
 # Bottom up.  A module may import its own room and the rooms before it, never one after.
 ROOMS: list[tuple[str, list[str]]] = [
-    ("bottom", ["errors", "jsonio", "roles", "gpu", "toolchain"]),
+    ("bottom", ["errors", "jsonio", "roles", "gpu", "toolchain", "fsops"]),
     ("what is baked", ["recipes", "serveargs"]),
     ("capture", ["capture"]),
     ("artifact", ["artifact"]),

@@ -452,3 +452,20 @@ def test_spilled_group_names_only_the_spill_or_the_usable_overlay(tmp_path):
         assert spill.group(key, "k.json", None) is None
     finally:
         spill.remove()
+
+
+def test_the_manager_imports_with_the_standard_library_and_triton_alone():
+    """A stock serving image has Triton but none of cachebake's own dependencies (the
+    image-volume pattern copies cachebake's sources onto PYTHONPATH, nothing else): the manager
+    TRITON_CACHE_MANAGER names must import there.  Found by podman: it pulled in install/,
+    hence zstandard."""
+    code = ("import builtins\nreal = builtins.__import__\n"
+            "def guarded(name, *a, **k):\n"
+            "    if name.split('.')[0] in ('zstandard', 'click', 'rich', 'yaml'):\n"
+            "        raise ModuleNotFoundError(f'no {name} in a serving image')\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = guarded\n"
+            "import cachebake.serve.layered, cachebake.serve.vllm_plugin\nprint('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(servekit.REPO)}, cwd="/")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

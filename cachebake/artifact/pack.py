@@ -351,7 +351,7 @@ def _swap_into_place(tmp: Path, out: Path, outcome: _Outcome, step: _Steps) -> P
     return aside
 
 
-# renameat2(2) flag (linux/fs.h).  install/fsops.py calls renameat2 with RENAME_NOREPLACE; pack
+# renameat2(2) flag (linux/fs.h).  fsops.py calls renameat2 with RENAME_NOREPLACE; pack
 # is an earlier room and cannot import it, hence this one call of its own.
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100

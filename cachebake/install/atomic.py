@@ -64,7 +64,7 @@ from typing import Iterator
 
 from cachebake import jsonio
 from cachebake.errors import BadInput, DeferredInterrupt, Locked, from_os_error
-from cachebake.install.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
+from cachebake.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
                                      rmtree_at, sync_tree)
 from cachebake.install.inventory import MARKER, InstallMarker, check_tree
 from cachebake.roles import ROLE_ENV

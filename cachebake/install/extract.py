@@ -297,7 +297,7 @@ def extract_to(compressed: BinaryIO, limits: LayerLimits, path: str | os.PathLik
                transform: Transform | None = None) -> LayerStats:
     """``extract_layer`` into a new directory ``path`` (created; removed again on any refusal),
     for callers that unpack a layer outside an install (fold-back's base)."""
-    from cachebake.install.fsops import DIR_FLAGS, rmtree_at
+    from cachebake.fsops import DIR_FLAGS, rmtree_at
 
     path = os.path.abspath(path)
     parent, name = os.path.split(path)

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable
 
-from cachebake.install.fsops import DIR_FLAGS, in_memory
+from cachebake.fsops import DIR_FLAGS, in_memory
 
 # bench/install.md, ext4 with slow file creation: 3 lanes 314 ms, 2 lanes 396, 0 lanes 652 on
 # 16 CPUs; 2 and 3 about equal on 2 CPUs.  0 was best on tmpfs, and on ext4 when creation is fast.

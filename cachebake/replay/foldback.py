@@ -36,7 +36,7 @@ one path component of the characters Triton's file names use (``[A-Za-z0-9_.+-]`
 or ``..``, at most NAME_MAX bytes), and a key is one of Triton's key dirs (52 base32 or 64 hex
 characters).  A line that fails them is listed as not folded and touches nothing, not even a
 ``stat``.  Fold-back writes only under its scratch tree, through directory fds without
-following links (cachebake.install.fsops); an autotune result is rewritten from its checked
+following links (cachebake.fsops); an autotune result is rewritten from its checked
 values (configs without ``ir_override`` or ``pre_hook``), never copied.
 """
 
@@ -59,7 +59,7 @@ from cachebake.artifact.snapshot import TRITON_KEY_DIR
 from cachebake.capture.keys import OPTION_RULES, ModuleAllowlist, module_name_problem
 from cachebake.capture.record import RECORD_MEDIA_TYPE, CompileRecord, CompileSpec, shown
 from cachebake.errors import BadInput, InvalidDocument, PreflightMismatch, Unsupported
-from cachebake.install.fsops import DIR_FLAGS, rmtree_at
+from cachebake.fsops import DIR_FLAGS, rmtree_at
 from cachebake.replay import misses as misses_mod
 
 # Fingerprint fields that enter every kernel key this machine would compute.

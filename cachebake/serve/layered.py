@@ -61,7 +61,7 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 
 from cachebake.artifact.groups import GROUP_PREFIX
 from cachebake.artifact.schema import CAP_GROUP_FILE
-from cachebake.install.fsops import DIR_FLAGS
+from cachebake.fsops import DIR_FLAGS
 from cachebake.roles import MANAGER_CLASS, MANAGER_ENV, OVERLAY_ENV
 from cachebake.serve import READS_ENV, misslog
 from cachebake.serve import overlay as overlay_mod

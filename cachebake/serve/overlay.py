@@ -16,7 +16,7 @@ uses the overlay only when it is its own:
 
 The root is pinned by fd once per process, and everything inside it is opened relative to
 that fd with O_NOFOLLOW (O_NONBLOCK too, so a FIFO never blocks) and checked with fstat of what
-was opened (a regular file, ours, of bounded size), as install does (cachebake.install.fsops,
+was opened (a regular file, ours, of bounded size), as install does (cachebake.fsops,
 cachebake.jsonio.open_regular).  Triton opens the paths it is handed by name, so before one is
 handed out the overlay's name is checked to still be the pinned directory: its parent may let
 others rename entries (an emptyDir is 0777, kubernetes/kubernetes#76158), while nobody else can
@@ -35,7 +35,7 @@ import threading
 import uuid
 from typing import Optional
 
-from cachebake.install.fsops import DIR_FLAGS
+from cachebake.fsops import DIR_FLAGS
 from cachebake.roles import OVERLAY_ENV
 
 ROLE = "triton"  # the overlay mirrors an installed tree: <overlay>/triton/<KEY>/...
