@@ -431,8 +431,9 @@ def test_podman_plays_the_init_pod_as_written_and_the_server_starts_with_no_comp
     the bake from the registry, checked against the serving image's fingerprint; the server's
     `vllm serve` is the stand-in (tests/standin_vllm.py), which finds the model at its path and
     verifies the cache there with 0 compiles.  Only podman's own flags differ from kubectl's:
-    the network (the registry is on this namespace's loopback) and plain-HTTP pulls; and the
-    miss-log sidecar plays as a regular container (podman 4.3 has no native sidecars)."""
+    the network (the registry is on this namespace's loopback) and plain-HTTP pulls; and two
+    podman 4.3 limits: the miss-log sidecar plays as a regular container (no native sidecars),
+    and the Pod's restartPolicy is Never (init containers under Always are never removed)."""
     if not engines.podman:
         pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
     if not engines.private_netns:
@@ -457,7 +458,11 @@ def test_podman_plays_the_init_pod_as_written_and_the_server_starts_with_no_comp
         doc["spec"]["initContainers"].remove(c)
         del c["restartPolicy"]
         doc["spec"]["containers"].append(c)
-    path.write_text(yaml.safe_dump(doc) if sidecars else text)
+    # podman 4.3 runs init containers under the Pod's restartPolicy (Always, a Pod's default)
+    # and then fails to remove them ("cannot remove container ... as it is running"): Never
+    # for the play, as the other podman tests here do.
+    doc["spec"]["restartPolicy"] = "Never"
+    path.write_text(yaml.safe_dump(doc))
     volumes = [v["name"] for v in doc["spec"]["volumes"] if "emptyDir" in v]
     _podman(engines, "pod", "rm", "-f", "cbpod")
     _podman(engines, "volume", "rm", "-f", "cbmodel", *volumes)
