@@ -19,7 +19,9 @@
 #           the bake root as it is                                                     (~7 min)
 #   verify  `cachebake verify --driver vllm` against /srv/cb as uid 65534 (the AOT check)
 #   recheck after `setup` on a fresh machine: the bake from tests/data installed at /srv/cb as
-#           uid 65534, then only the before-start check, with serve-args' env and without
+#           uid 65534, then the before-start check, with serve-args' env and without; with
+#           RECHECK_SERVE=1 also `vllm serve` as uid 65534 with the traffic (no warm restart:
+#           that needs this machine's own bake root)
 # Needs vLLM 0.24 in /tmp/vsite (../shared/vllm-on-h200: three device calls before `setup`).
 set -uo pipefail
 STAGE=${1:?usage: bash bench/gpu_identity_serve.sh setup|bake|serve|verify|recheck}
@@ -102,10 +104,11 @@ EOF
   chmod a+r "$R"/*.sh
   timed check-with-env "${AS_NOBODY[@]}" sh "$R/check-with-env.sh"
   timed check-without-env "${AS_NOBODY[@]}" sh "$R/check-without-env.sh"
-  [ "$STAGE" = recheck ] && exit 0
+  [ "$STAGE" = recheck ] && [ "${RECHECK_SERVE:-0}" != 1 ] && exit 0
   timed serve-moved python3 "$G/src/bench/vllm_serve_run.py" --serve-args "$R/sa-moved.json" --tok "$G/tok" \
     --port 8011 --work "$G/w-moved" --uid $NOBODY --home "$OTHER_HOME" --traffic --out "$R/serve-moved.json"
   cp "$G/w-moved/server.log" "$R/server-moved.log" 2>/dev/null
+  [ "$STAGE" = recheck ] && exit 0
   # vLLM's own warm restart: the bake's root, user and HOME, its caches as the bake left them
   timed serve-args-warm env HOME=/root "${CB[@]}" serve-args "$ART" --root /var/cache/cachebake --json
   cp "$R/serve-args-warm.out" "$R/sa-warm.json"

@@ -1,0 +1,1 @@
+exec python3 -m cachebake.cli verify --check-only --cache /srv/cb --artifact /tmp/gis/cachebake-nemotron-h -- vllm serve /models/nemotron-h-8b --dtype bfloat16 --mamba-ssm-cache-dtype float32 --max-model-len 8192 --max-num-batched-tokens 8192 --max-num-seqs 256 --tensor-parallel-size 1
