@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,14 @@ import servekit  # noqa: E402
 sys.path.insert(0, str(servekit.kernels_dir()))
 
 import aot  # noqa: E402
+
+# The Ctrl-C tests send SIGINT to the cachebake processes they start.  A shell without job
+# control starts a background command (`.ci/run ... &`, nohup) with SIGINT ignored (POSIX), an
+# ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+# handler: those children would never see the Ctrl-C.  A handled signal is reset to the default
+# at exec, so taking SIGINT back here gives every child Python's usual handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
