@@ -35,14 +35,24 @@ def fill(root: Path, files: dict[str, bytes]) -> Path:
     return root
 
 
-def bake(tmp_path: Path, triton_cache: Path, layer_root: str = LAYER_ROOT, files=None) -> Path:
+def bake(tmp_path: Path, triton_cache: Path, layer_root: str = LAYER_ROOT, files=None,
+         record: dict | None = None) -> Path:
     """An artifact with a real Triton role and the H200 vllm-role excerpt, packed from a
-    temporary directory (as a CI build would) for ``layer_root``."""
+    temporary directory (as a CI build would) for ``layer_root``; ``record``: its bake section."""
     src = fill(tmp_path / "filled", files or excerpt())
     out = tmp_path / f"art-{abs(hash(layer_root))}"
     pack_artifact([CacheRoot("triton", triton_cache), CacheRoot("vllm", src / "vllm")], out,
-                  target="sm_90", layer_root=layer_root)
+                  target="sm_90", layer_root=layer_root, bake=record)
     return out
+
+
+# what the H200 bake recorded (tests/data, test_serve_compile_check.py): the factors that follow HOME
+PATH_FACTORS = {"VLLM_CONFIG_ROOT": "/root/.config/vllm", "VLLM_XLA_CACHE_PATH": "/root/.cache/vllm/xla_cache"}
+
+
+def identity_record(path_factors: dict) -> dict:
+    return {"driver": "vllm", "compile_identity": {"schema": 1, "env_factors": dict(path_factors),
+                                                   "path_factors": dict(path_factors)}}
 
 
 def handles(vllm_root: Path) -> set[str]:
@@ -64,6 +74,33 @@ def test_installed_elsewhere_the_vllm_role_names_the_install(tmp_path, triton_ca
     assert any(p.endswith("<CachingAutotuner>.filename")
                for p, _ in torchpickle.fields(graph, f"{to}/vllm/".encode()))
     assert compile_kernels(report["env"]["TRITON_CACHE_DIR"])["misses"] == 0
+
+
+def test_install_prints_the_compile_identity_the_server_must_keep(tmp_path, triton_cache):
+    """vLLM hashes its HOME-derived paths into the torch.compile dirs: install prints the bake's
+    values beside the roles' variables (as serve-args does), shell-quoted; a role left out takes
+    them with it; a record naming any other variable is refused, nothing installed."""
+    art = bake(tmp_path, triton_cache, record=identity_record({**PATH_FACTORS, "VLLM_CONFIG_ROOT": "/root/my vllm"}))
+    to = tmp_path / "serve"
+    r = cli("install", art, "--to", to, "--target", "sm_90", check=True)
+    assert "VLLM_CONFIG_ROOT='/root/my vllm'" in r.stdout.splitlines()
+    assert "VLLM_XLA_CACHE_PATH=/root/.cache/vllm/xla_cache" in r.stdout.splitlines()
+    report = json.loads(cli("install", art, "--to", to, "--target", "sm_90", "--json", check=True).stdout)
+    assert report["identity_env"] == {**PATH_FACTORS, "VLLM_CONFIG_ROOT": "/root/my vllm"}
+    assert report["env"] == {**report["identity_env"], "TRITON_CACHE_DIR": f"{to}/triton",
+                             "VLLM_CACHE_ROOT": f"{to}/vllm", "TRITON_CACHE_AUTOTUNING": "1"}
+
+    left = bake(tmp_path / "left", triton_cache, layer_root=str(tmp_path / "elsewhere"),
+                record=identity_record(PATH_FACTORS))
+    report = json.loads(cli("install", left, "--to", tmp_path / "left-to", "--target", "sm_90", "--json",
+                            check=True).stdout)
+    assert "vllm" in report["left_out"] and report["identity_env"] == {}
+    assert not {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH", "VLLM_CACHE_ROOT"} & set(report["env"])
+
+    forged = bake(tmp_path / "forged", triton_cache, record=identity_record({"LD_PRELOAD": "/tmp/x.so"}))
+    r = cli("install", forged, "--to", tmp_path / "forged-to", "--target", "sm_90")
+    assert r.returncode == 5 and "which is no vLLM variable" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (tmp_path / "forged-to").exists()
 
 
 def test_serve_at_names_the_serving_mount(tmp_path, triton_cache):

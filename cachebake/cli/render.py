@@ -7,6 +7,8 @@ recorded prints as ``-``, never ``None``.  Tables fold their cells to the termin
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -203,8 +205,9 @@ def render_install(report, console: Console) -> None:
                       f"{report.groups_relocated} group files and {report.relocated.get('vllm', 0)} "
                       f"vllm cache files relocated, {report.seconds:.2f} s"
                       f"{'' if report.synced else ' (not synced to disk: --no-sync)'}")
+    # shell words (as serve-args' export lines): the identity's values come from the artifact
     for k, v in report.env.items():
-        console.print(f"{k}={v}", markup=False)
+        console.print(f"{k}={shlex.quote(v)}", markup=False)
 
 
 # ---------------------------------------------------------------------------- recipes etc.

@@ -44,6 +44,7 @@ from cachebake.install import atomic, extract, preflight, relocate, relocate_vll
 from cachebake.install.inventory import InstallMarker
 from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.roles import serving_overlay_env as runtime_env
+from cachebake.serveargs import identity_serve_env
 
 LOCK_TIMEOUT_S = 600.0
 
@@ -60,6 +61,8 @@ class InstallReport:
     serve_at: str
     roles: list[str]
     env: dict[str, str]
+    # the part of ``env`` that is vLLM's compile identity (serveargs.identity_serve_env)
+    identity_env: dict[str, str] = field(default_factory=dict)
     version_dir: str = ""
     entries: int = 0
     files: int = 0
@@ -178,11 +181,14 @@ def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_
     mismatches = preflight.check(manifest.fingerprint, serving, allow_mismatch,
                                  checked_this_process=fingerprint_file is None)
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
+    # vLLM hashes its HOME/XDG-derived paths into the torch.compile dirs: the server gets the
+    # bake's values, as serve-args prints them, or the vllm role is never loaded
+    identity = identity_serve_env(manifest.bake.to_json()) if "vllm" in roles else {}
     report = InstallReport(
         status="installed", artifact=artifact_name, target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
-        serve_at=serve_root, roles=roles, env=serving_env(serve_root, roles), mismatches=mismatches,
-        synced=dest.sync)
+        serve_at=serve_root, roles=roles, env={**serving_env(serve_root, roles), **identity},
+        identity_env=identity, mismatches=mismatches, synced=dest.sync)
     if overlay is not None:
         report.env.update(runtime_env(overlay, serve_root, roles))
     dest.check_usable(roles)
@@ -252,8 +258,12 @@ def _left_out(report: InstallReport, left_out: dict[str, str]) -> None:
     """Take the roles install could not relocate out of the report's roles and environment."""
     report.left_out = dict(left_out)
     report.roles = [r for r in report.roles if r not in left_out]
-    # the left-out roles' variables go; the rest (the overlay's, when asked) stays
+    # the left-out roles' variables go (for vllm, its compile identity's too); the rest (the
+    # overlay's, when asked) stays
     dropped = {ROLE_ENV[r] for r in left_out if r in ROLE_ENV}
+    if "vllm" in left_out:
+        dropped |= set(report.identity_env)
+        report.identity_env = {}
     report.env = {k: v for k, v in report.env.items() if k not in dropped}
     report.warnings = [f"left the {role} role out ({reason}); the other roles are installed "
                        "and the server compiles what that role held"
