@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# README's first section as a stranger runs it, on a stock Debian 12 (not part of .ci/run): a
+# debootstrap'd bookworm root filesystem, a copy of this checkout's COMMIT under its 0700 /root
+# (no git there), then README's commands exactly as written: the venv lines and `cachebake build
+# --model nemotron-h` (on this CPU machine: exit 7 and one line), then `bash .ci/run`.
+#
+#   bash .ci/fresh-debian12.sh [COMMIT]      (as root; default HEAD; logs in $DEB12/logs)
+#
+# The root filesystem is made once ($DEB12/base, ~5 min) and copied for every run, so each run
+# starts from the same fresh system.  Network: the host's resolv.conf; nothing else is shared
+# but /proc, /sys, /dev (the container job starts its engines in a namespace of its own).
+set -euo pipefail
+COMMIT=${1:-HEAD}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+DEB12=${DEB12:-/var/tmp/cachebake-deb12}
+BASE=$DEB12/base
+mkdir -p "$DEB12/logs"
+if [ ! -x "$BASE/bin/bash" ]; then
+  command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+  rm -rf "$BASE.tmp"
+  debootstrap bookworm "$BASE.tmp" http://deb.debian.org/debian >"$DEB12/logs/debootstrap.log" 2>&1
+  mv "$BASE.tmp" "$BASE"
+fi
+sha=$(git -C "$REPO" rev-parse --short "$COMMIT")
+ROOT=$DEB12/run-$sha
+LOG=$DEB12/logs/$sha
+umount_all() { for m in dev/pts dev sys proc; do umount -l "$ROOT/$m" 2>/dev/null || true; done; }
+trap umount_all EXIT
+umount_all
+rm -rf "$ROOT" && cp -a "$BASE" "$ROOT"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# A network that intercepts TLS (this workplace's egress proxy) has its own CA, which the host
+# trusts through /usr/local/share/ca-certificates: the same files go in, and Debian's
+# ca-certificates (installed by README's first apt line) adds them.  A stranger's plain network
+# needs none.
+if [ -d /usr/local/share/ca-certificates ]; then
+  mkdir -p "$ROOT/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/" 2>/dev/null || true
+fi
+mkdir -p "$ROOT/root/cachebake"
+git -C "$REPO" archive "$COMMIT" | tar -x -C "$ROOT/root/cachebake"
+mount -t proc proc "$ROOT/proc"
+mount --rbind /sys "$ROOT/sys"
+mount --bind /dev "$ROOT/dev"
+mount --bind /dev/pts "$ROOT/dev/pts"
+in_root() { chroot "$ROOT" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+
+# README "Start here", the first block, line by line as typed (a login shell in the checkout)
+in_root /bin/bash -c 'cd /root/cachebake && stat -c "%a %n" /root && set -x
+apt-get update && apt-get install -y python3-venv     # Debian'"'"'s venv module (and pip in a venv)
+python3 -m venv .venv && . .venv/bin/activate
+python3 -m pip install . && cachebake build --model nemotron-h
+echo "readme-block-1: exit $?"' >"$LOG-readme.log" 2>&1 || true
+grep -a "readme-block-1:" "$LOG-readme.log"
+tail -n 3 "$LOG-readme.log"
+
+# README's test command, in a fresh copy of the checkout (the first block's venv left aside)
+rm -rf "$ROOT/root/cachebake-ci" && mkdir -p "$ROOT/root/cachebake-ci"
+git -C "$REPO" archive "$COMMIT" | tar -x -C "$ROOT/root/cachebake-ci"
+rc=0
+in_root /bin/bash -c 'cd /root/cachebake-ci && CI=true bash .ci/run' >"$LOG-ci.log" 2>&1 || rc=$?
+grep -a "^\.ci/run:" "$LOG-ci.log" | tail -n 8
+echo "fresh-debian12: .ci/run exit $rc (logs: $LOG-readme.log, $LOG-ci.log)"
+exit $rc
