@@ -1,6 +1,6 @@
 """System calls install needs beyond ``os``, all relative to directory fds, never following
-a link: renameat2(RENAME_NOREPLACE), syncfs, fstatfs's filesystem type, and a link-safe
-recursive remove."""
+a link: renameat2(RENAME_NOREPLACE), syncfs, fstatfs's filesystem type, a link-safe
+recursive remove, and a whole write to an fd."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ def rename_noreplace(src: str, dst: str, src_dir_fd: int, dst_dir_fd: int) -> No
     if lexists(dst, dst_dir_fd):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
     os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (os.write may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def sync_tree(fd: int) -> None:

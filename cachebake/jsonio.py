@@ -25,6 +25,7 @@ import tempfile
 from typing import Any
 
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, from_os_error
+from cachebake.fsops import write_all
 
 MAX_NESTING = 32
 
@@ -156,9 +157,7 @@ def write_atomic(path: os.PathLike | str, data: bytes, *, sync: bool = True) -> 
     try:
         try:
             os.fchmod(fd, 0o644)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
             if sync:
                 os.fsync(fd)
         finally:

@@ -65,7 +65,7 @@ from typing import Iterator
 from cachebake import jsonio
 from cachebake.errors import BadInput, DeferredInterrupt, Locked, from_os_error
 from cachebake.fsops import (DIR_FLAGS, lexists, readlink, rename_noreplace, rmdir_quiet,
-                                     rmtree_at, sync_tree)
+                                     rmtree_at, sync_tree, write_all)
 from cachebake.install.inventory import MARKER, InstallMarker, check_tree
 from cachebake.roles import ROLE_ENV
 
@@ -584,9 +584,7 @@ class Transaction:
             # written once into the private staging dir, which the rename below makes visible
             # whole: no temp file needed
             data = jsonio.canonical_json(marker.to_json()) + b"\n"
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
         finally:
             os.close(fd)
         if dest.sync:

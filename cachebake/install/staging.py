@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable
 
-from cachebake.fsops import DIR_FLAGS, in_memory
+from cachebake.fsops import DIR_FLAGS, in_memory, write_all
 
 # bench/install.md, ext4 with slow file creation: 3 lanes 314 ms, 2 lanes 396, 0 lanes 652 on
 # 16 CPUs; 2 and 3 about equal on 2 CPUs.  0 was best on tmpfs, and on ext4 when creation is fast.
@@ -122,8 +122,7 @@ class StagingWriter:
             if mode & self.umask:  # the umask dropped bits the server needs
                 os.fchmod(fd, mode)
             for view in data:
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, view)
         finally:
             os.close(fd)
 

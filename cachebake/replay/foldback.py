@@ -59,7 +59,7 @@ from cachebake.artifact.snapshot import TRITON_KEY_DIR
 from cachebake.capture.keys import OPTION_RULES, ModuleAllowlist, module_name_problem
 from cachebake.capture.record import RECORD_MEDIA_TYPE, CompileRecord, CompileSpec, shown
 from cachebake.errors import BadInput, InvalidDocument, PreflightMismatch, Unsupported
-from cachebake.fsops import DIR_FLAGS, rmtree_at
+from cachebake.fsops import DIR_FLAGS, rmtree_at, write_all
 from cachebake.replay import misses as misses_mod
 
 # Fingerprint fields that enter every kernel key this machine would compute.
@@ -429,9 +429,7 @@ def _write_new(tfd: int, key: str, name: str, data: bytes) -> None:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o644, dir_fd=kfd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
         finally:
             os.close(fd)
     finally:

@@ -35,7 +35,7 @@ import threading
 import uuid
 from typing import Optional
 
-from cachebake.fsops import DIR_FLAGS
+from cachebake.fsops import DIR_FLAGS, write_all
 from cachebake.roles import OVERLAY_ENV
 
 ROLE = "triton"  # the overlay mirrors an installed tree: <overlay>/triton/<KEY>/...
@@ -294,9 +294,7 @@ class Overlay:
                     fd = os.open(filename, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                  FILE_MODE, dir_fd=tfd)
                     try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(fd, view):]
+                        write_all(fd, data)
                     finally:
                         os.close(fd)
                     os.replace(filename, filename, src_dir_fd=tfd, dst_dir_fd=kfd)
