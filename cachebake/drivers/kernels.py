@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cachebake import jsonio
 from cachebake.capture.env import MONITOR_LOG_ENV, STEP_ENV
 from cachebake.drivers.engine_classes import plan_steps
 from cachebake.drivers.engine_steps import Step
@@ -166,9 +167,7 @@ def _write_record(record: dict[str, Any]) -> None:
     if not monitor_log:
         return
     path = Path(monitor_log).parent / RECORD_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    jsonio.write_atomic(path, jsonio.dumps(record, indent=1, sort_keys=True).encode())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachebake import jsonio
 from cachebake.capture.env import MONITOR_LOG_ENV, ROUND_ENV
 from cachebake.drivers import vllm_identity
 from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
@@ -132,13 +133,7 @@ def _write_config(recipe: Recipe, d: Path, remedy: str) -> None:
                            + remedy)
         return
     d.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, data)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    jsonio.write_atomic(path, data)
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}\Z")
@@ -456,11 +451,8 @@ def run_warmup(model: str = "nemotron-h", tp: int | None = None, *,
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
-    from cachebake import jsonio
-
-    tmp = Path(path + ".tmp")
-    tmp.write_text(jsonio.dumps(data, indent=2))  # strict: the record goes into the manifest
-    os.replace(tmp, path)
+    # strict: the record goes into the manifest
+    jsonio.write_atomic(path, jsonio.dumps(data, indent=2).encode())
 
 
 def child_main(spec_path: str, report_path: str) -> int:

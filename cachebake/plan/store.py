@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from cachebake import jsonio
 from cachebake.plan import DEFAULT_GPU, SPEC_NGRAM, check_plan, gpu_target
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "recipes" / "plans"
@@ -105,13 +105,10 @@ def compute_variant(recipe, gpu: str = DEFAULT_GPU) -> dict[str, dict[str, Any]]
 
 def write_store(family: str, variants: dict[str, dict[str, Any]]) -> Path:
     path = plan_file(family)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": STORE_FORMAT, "family": family,
            "how": "python -m cachebake.plan.store (needs vllm; see cachebake/plan/compute.py)",
            "variants": variants}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    jsonio.write_atomic(path, (jsonio.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     return path
 
 
