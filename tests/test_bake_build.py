@@ -271,3 +271,20 @@ def test_cli_build_with_a_driver_function(tmp_path, monkeypatch):
     text = CliRunner().invoke(main, ["inspect", str(out)])
     assert text.exit_code == 0 and "specializations by engine step" in text.output
     assert text.output.count("nemotron-h tp2") == 2  # one row per compiled specialization
+
+
+def test_a_last_round_that_recompiled_torch_compile_is_a_warning():
+    """The vllm driver's last round records what torch.compile did (the probe's outcome, as
+    torch_compile_outcome builds it): a load is silent, a compile after the first round says
+    the packed vllm role would not spare a server like the rounds its Dynamo/Inductor time."""
+    from cachebake.bake.build import torch_compile_note
+    from cachebake.drivers.vllm_identity import torch_compile_outcome
+
+    loaded = torch_compile_outcome([{"event": "aot_load", "path": "/r/a", "existed": True, "loaded": True}])
+    compiled = torch_compile_outcome([{"event": "aot_load", "path": "/r/a", "existed": False, "loaded": False}])
+    assert torch_compile_note({"rounds": 4, "torch_compile": loaded}) is None
+    assert torch_compile_note({"rounds": 1, "torch_compile": compiled}) is None  # round 1 must compile
+    assert torch_compile_note({"rounds": 3}) is None  # kernels and command drivers record none
+    note = torch_compile_note({"rounds": 3, "torch_compile": compiled})
+    assert note.startswith("the last round did not load torch.compile's artifact: no AOT artifact at "
+                           "the path vLLM computed (/r/a)") and "recompile" in note

@@ -32,6 +32,7 @@ from cachebake.artifact.pack import CacheRoot, PackReport, check_out, check_writ
 from cachebake.bake.rounds import (DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS, Driver, RoundProgress,
                                    Rounds, check_round_options, run_rounds)
 from cachebake.capture.env import ALL_ROLES, InvalidatingEnvWarning, bake_env
+from cachebake.drivers.vllm_identity import outcome_problem
 from cachebake.errors import BadInput, CommandFailed, Interrupted
 from cachebake.gpu import GPUTargetSpec, visible_gpu
 
@@ -66,6 +67,21 @@ class BuildReport:
                 "layer_digest": self.pack.layer_digest, "layer_size": self.pack.manifest.layer.size,
                 "root": str(self.plan.root), "root_cleared": self.root_cleared, "stable": self.stable, "rounds": len(self.rounds.rounds),
                 "record": self.pack.manifest.record, "bake": self.bake}
+
+
+def torch_compile_note(bake: dict) -> str | None:
+    """A warning when the bake's last round (the vllm driver's) did not run torch.compile from
+    what the earlier rounds left: a server set up like the rounds would compile again too, so
+    the packed vllm role spares it nothing.  None for one round (it must compile), for the
+    other drivers, and when it loaded."""
+    if not isinstance(bake.get("rounds"), int) or bake["rounds"] < 2:
+        return None
+    outcome = bake.get("torch_compile")
+    problem = outcome_problem(outcome) if isinstance(outcome, dict) else None
+    if problem is None:
+        return None
+    return (f"the last round did not load torch.compile's artifact: {problem}; the vllm role is "
+            "packed, but a server like the rounds would recompile (~9 s at every start)")
 
 
 def _bake_target(target: str | None) -> str:
@@ -209,6 +225,12 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
                 # the limits vLLM resolved, the request plan): `serve-args` and `inspect` read it
                 **driver.recorded(work)}
         record = prep.finish(bake)  # this bake's compile record; notes seed/cross-target in bake
+        note = torch_compile_note(bake)
+        if note is not None:
+            if warn is not None:
+                warn(note)
+            else:
+                warnings.warn(note, stacklevel=2)
         packed = pack_artifact(cache_roots, plan.out, target=plan.target, bake=bake,
                                layer_root=layer_root or str(plan.root), prune_ir=prune_ir,
                                record=record, progress=pack_progress)
