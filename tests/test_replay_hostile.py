@@ -206,3 +206,17 @@ def test_allow_module_takes_only_module_names(name, tmp_path):
     res = CliRunner().invoke(main, ["build", "--allow-module", "aot", "--out", str(tmp_path / "o"),
                                     "--", "true"])
     assert res.exit_code == 2 and "--allow-module is for --seed" in res.output
+
+
+def test_build_says_what_seeding_refused(forged, tmp_path):
+    """``build --seed`` with the forged record: one warning per refused entry, each one line and
+    nothing a terminal acts on; the genuine entries are in the bake."""
+    run = cli("build", "--seed", str(forged["record"]), "--target", "sm_90", "--jobs", "2", *ALLOW_KERNELS,
+              "--out", str(tmp_path / "art"), "--root", str(tmp_path / "root"), "--max-rounds", "2",
+              "--quiet-rounds", "1", "--", sys.executable, str(TESTS / "aot_kernels.py"),
+              extra_path=[forged["mods"]])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "\x1b" not in run.stderr and "\x07" not in run.stderr
+    seeded = [ln for ln in run.stderr.splitlines() if ln.startswith("cachebake: warning: seed: ")]
+    assert len(seeded) == len(forged["attacks"]), run.stderr
+    assert (tmp_path / "art" / "index.json").is_file()

@@ -175,6 +175,12 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
     ``layer_root`` defaults to the bake root (group files then already point where a server
     using the same root finds them).  A temp work dir (no ``work_dir``) is removed at the end,
     whatever happens."""
+    def say(note: str, category: type[Warning] = UserWarning) -> None:
+        if warn is not None:
+            warn(note)
+        else:
+            warnings.warn(note, category, stacklevel=3)
+
     roles = tuple(roles) if roles else ALL_ROLES
     plan = preflight(driver, out=out, root=root, target=target, reuse_root=reuse_root,
                      roles=roles, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
@@ -186,10 +192,7 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         if problem:
             note = (f"Triton cannot build its launcher helpers here ({problem}): a warmup that "
                     "launches kernels will fail at its first launch")
-            if warn is not None:
-                warn(note)
-            else:
-                warnings.warn(note, stacklevel=2)
+            say(note)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
     packed = None
     try:
@@ -199,14 +202,13 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
             benv = bake_env(plan.root, roles, monitor_log=work / "events.jsonl",
                             allow_invalidating=allow_invalidating)
         for note in benv.warnings:
-            if warn is not None:
-                warn(note)
-            else:
-                warnings.warn(note, InvalidatingEnvWarning, stacklevel=2)
+            say(note, InvalidatingEnvWarning)
         from cachebake.bake.seed import prepare_bake  # seed, cross-target, this bake's record
 
         prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name,
                             retune=retune, allow_modules=allow_modules)
+        for note in prep.notes:  # what seeding could not compile: the rounds do
+            say(note)
         try:
             rounds = run_rounds(driver, benv, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
                                 until_stable=until_stable, work_dir=work,
@@ -227,10 +229,7 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         record = prep.finish(bake)  # this bake's compile record; notes seed/cross-target in bake
         note = torch_compile_note(bake)
         if note is not None:
-            if warn is not None:
-                warn(note)
-            else:
-                warnings.warn(note, stacklevel=2)
+            say(note)
         packed = pack_artifact(cache_roots, plan.out, target=plan.target, bake=bake,
                                layer_root=layer_root or str(plan.root), prune_ir=prune_ir,
                                record=record, progress=pack_progress)
@@ -238,10 +237,7 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         if cleared:
             for note in clear_root(plan, roles):
                 cleared = False
-                if warn is not None:
-                    warn(note)
-                else:
-                    warnings.warn(note, stacklevel=2)
+                say(note)
         return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed, root_cleared=cleared)
     finally:
         if not work_dir:
