@@ -24,7 +24,10 @@ fi
 sha=$(git -C "$REPO" rev-parse --short "$COMMIT")
 ROOT=$DEB12/run-$sha
 LOG=$DEB12/logs/$sha
-umount_all() { for m in dev/pts dev sys proc; do umount -l "$ROOT/$m" 2>/dev/null || true; done; }
+umount_all() {
+  for m in dev sys proc; do umount -R -l "$ROOT/$m" 2>/dev/null || true; done
+  umount -l "$ROOT" 2>/dev/null || true
+}
 trap umount_all EXIT
 umount_all
 rm -rf "$ROOT" && cp -a "$BASE" "$ROOT"
@@ -39,10 +42,13 @@ if [ -d /usr/local/share/ca-certificates ]; then
 fi
 mkdir -p "$ROOT/root/cachebake"
 git -C "$REPO" archive "$COMMIT" | tar -x -C "$ROOT/root/cachebake"
+# the root a mount point of its own, as on a booted machine (the container job's engines make
+# their mounts private/slave from /), and /dev with its submounts (/dev/shm, /dev/pts)
+mount --bind "$ROOT" "$ROOT"
 mount -t proc proc "$ROOT/proc"
 mount --rbind /sys "$ROOT/sys"
-mount --bind /dev "$ROOT/dev"
-mount --bind /dev/pts "$ROOT/dev/pts"
+mount --rbind /dev "$ROOT/dev"
+# TERM=dumb, as a CI runner's shell has it
 in_root() { chroot "$ROOT" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 
 # README "Start here", the first block, line by line as typed (a login shell in the checkout)
