@@ -115,6 +115,9 @@ def _doc(**entry_fields) -> dict:
     ({"options": ["num_warps", 4]}, "options"),
     ({"env_vars": {"LD_PRELOAD": ["/x.so"]}}, "env_vars.LD_PRELOAD"),
     ({"target": ["cuda:90"]}, "target"),
+    ({"target": "cuda:90; rm -rf /"}, "target"),  # the independent attack corpus's (issue 20)
+    ({"target": "sm_90"}, "target"),  # the command-line form, not the recorded key
+    ({"target": "hip:../../x"}, "target"),
     ({"verified": "yes"}, "verified"),
 ])
 def test_every_field_of_an_entry_is_type_checked(fields, where):

@@ -134,7 +134,8 @@ class LyingRegistry:
     """``mode``: honest (the artifact as it is), endless (the layer declared as 8 KB, a body
     that never ends), trickle (8 KB declared and sent, one byte every 2 s), long (8 KB
     declared, 100 KB sent, Content-Length saying so), huge (a layer declared at 1 PiB),
-    slow-manifest (the manifest sent a byte every 2 s)."""
+    slow-manifest (the manifest sent a byte every 2 s), endless-manifest (a manifest body that
+    never ends)."""
 
     def __init__(self, artifact: Path, mode: str):
         self.mode, self.requests = mode, []
@@ -143,7 +144,7 @@ class LyingRegistry:
         image = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_bytes())
         self.blobs = {d["digest"]: (blobs / d["digest"][7:]).read_bytes()
                       for d in (image["config"], image["layers"][0])}
-        if mode not in ("honest", "slow-manifest"):
+        if mode not in ("honest", "slow-manifest", "endless-manifest"):
             layer = self.blobs.pop(image["layers"][0]["digest"])
             self.layer = (layer * (DECLARED // len(layer) + 1))[:DECLARED]
             digest = "sha256:" + hashlib.sha256(self.layer).hexdigest()
@@ -191,6 +192,15 @@ class LyingRegistry:
             return self._send(h, b"{}", "application/json", head)
         if "/manifests/" in path:
             digest = "sha256:" + hashlib.sha256(self.manifest).hexdigest()
+            if self.mode == "endless-manifest":  # chunked: no length says where it ends
+                h.send_response(200)
+                h.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+                h.send_header("Transfer-Encoding", "chunked")
+                h.end_headers()
+                chunk = b" " * 4096
+                while not head:
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                return
             if self.mode == "slow-manifest":  # the headers, then a byte every 2 s
                 h.send_response(200)
                 h.send_header("Content-Length", str(len(self.manifest)))
@@ -206,7 +216,7 @@ class LyingRegistry:
         digest = path.rpartition("/")[2]
         if digest in self.blobs:
             return self._send(h, self.blobs[digest], "application/octet-stream", head)
-        if self.mode in ("honest", "slow-manifest") or digest != self.layer_digest:
+        if self.mode in ("honest", "slow-manifest", "endless-manifest") or digest != self.layer_digest:
             h.send_response(404)
             h.send_header("Content-Length", "0")
             return h.end_headers()
@@ -295,6 +305,17 @@ def test_a_layer_longer_than_declared_stops_at_the_declared_size(liar, tmp_path,
     assert "longer than declared" in r.stderr
     assert list(tmpdir.iterdir()) == [] and not (tmp_path / "c").exists()
     assert seconds < 30
+
+
+def test_a_manifest_that_never_ends_is_a_corrupt_document(liar, tmp_path):
+    """skopeo stops reading a manifest at its own 4 MiB limit: that is the registry's document
+    being too big (exit 5), not a bad image name, and nothing is asked for after it."""
+    registry = liar("endless-manifest")
+    r, seconds, tmpdir = _pull(registry, tmp_path, "--stall-timeout", "30")
+    assert r.returncode == ExitCode.CORRUPT, r.stderr
+    _one_line(r)
+    assert "image manifest" in r.stderr and "size limit" in r.stderr
+    assert registry.blob_requests() == [] and list(tmpdir.iterdir()) == [] and not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("mode", ["trickle", "slow-manifest"])

@@ -236,9 +236,15 @@ def test_a_kernels_bakes_flags_from_a_hostile_manifest_stay_on_one_line(tmp_path
 
 LOADERS = {"serve_env": ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PATH", "CC",
                          "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_PTXAS_PATH",
-                         "VLLM_PLUGINS", "HOME"],
+                         "VLLM_PLUGINS", "HOME",
+                         # found by an independent attack corpus (issue 20): a place, a service, a
+                         # credential, a knob that swaps the baked kernels or opens the server
+                         "TRITON_HOME", "TRITON_KERNEL_OVERRIDE", "TRITON_KERNEL_DUMP",
+                         "TRITON_ALWAYS_COMPILE", "TRITON_INTERPRET", "TRITON_REDIS_HOST",
+                         "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_SERVER_DEV_MODE", "VLLM_API_KEY",
+                         "VLLM_HOST_IP", "HF_ENDPOINT", "HF_TOKEN", "HF_HOME"],
            "invalidating_env_vars": ["LLVM_PASS_PLUGIN_PATH", "TRITON_CACHE_MANAGER", "LD_PRELOAD",
-                                     "MLIR_DUMP_PATH", "PYTHONPATH"]}
+                                     "MLIR_DUMP_PATH", "PYTHONPATH", "TRITON_HOME", "TRITON_KERNEL_OVERRIDE"]}
 
 
 @pytest.mark.parametrize("key, where", [(k, w) for w, ks in LOADERS.items() for k in ks])
@@ -254,6 +260,16 @@ def test_a_variable_that_loads_code_is_never_handed_to_the_server(triton_cache, 
     assert r.returncode == ExitCode.CORRUPT, r.stderr
     assert f"bake.{where}.{key}" in r.stderr and "may set in the server" in r.stderr
     assert argv == [] and changed == {}
+
+
+def test_a_bake_root_with_a_line_break_is_refused(triton_cache, tmp_path):
+    """Every role's variable is made of the recorded root: one with a control character is a
+    malformed document (exit 5), as the user's own --root is for k8s."""
+    bake = _bake(env={"root": "/r\ntouch /tmp/x", "roles": ["triton"]})
+    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
+                        str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path)
+    assert r.returncode == ExitCode.CORRUPT and "bake.env.root" in r.stderr and r.stdout == "", r.stderr
 
 
 def test_the_variables_a_bake_runs_with_still_travel(triton_cache, tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NoReturn
 
@@ -44,6 +45,8 @@ TARGET_DERIVED_OPTIONS = ("arch", "supported_fp8_dtypes", "deprecated_fp8_dot_op
 MAX_NAME = 512  # module, qualified name, kernel name, argument name, variable name, option name
 MAX_TEXT = 4096  # a tuning key's text, a config's text, a variable's value
 MAX_ITEMS = 4096  # signature, constexprs, attrs, options, variables, configs of one entry
+# A target as GPUTargetSpec.key writes it (cachebake/gpu.py): the backend and its arch name
+_TARGET_KEY = re.compile(r"(?:cuda:\d{1,4}|hip:gfx[0-9a-z]{1,12})\Z")
 
 
 def shown(value, limit: int = 120) -> str:
@@ -82,6 +85,14 @@ class _Fields:
         if len(value) > max_len:
             self.fail(field, f"{len(value)} characters, over {max_len}")
         return value
+
+    def target(self, value, field: str = "target") -> str:
+        """A GPU target as the monitor records it (``GPUTargetSpec.key``: "cuda:90",
+        "hip:gfx942"): a record names the target its entries were compiled for, nothing else."""
+        text = self.text(value, field, 64)
+        if not _TARGET_KEY.match(text):
+            self.fail(field, f"{shown(text, 40)} is not a GPU target (cuda:NN or hip:gfxNNN)")
+        return text
 
     def items(self, value, field: str, max_len: int = MAX_ITEMS) -> list:
         if not isinstance(value, list):
@@ -243,7 +254,7 @@ class CompileSpec:
         return cls(kernel=KernelRef.from_dict(c.get(d, "kernel", "kernel"), c),
                    signature=signature, constexprs=constexprs, attrs=attrs, options=dict(options),
                    env_vars=c.text_map(c.get(d, "env_vars", "env_vars"), "env_vars"),
-                   target=c.text(c.get(d, "target", "target"), "target", 64),
+                   target=c.target(c.get(d, "target", "target")),
                    hash=c.text(c.get(d, "hash", "hash"), "hash", 128),
                    verified=c.boolean(d.get("verified", False), "verified"),
                    seen=c.text(d.get("seen", "compile"), "seen", 32))
@@ -304,7 +315,7 @@ class AutotuneSpec:
             c.fail("best", f"{best} is not the index of a config")
         return cls(kernel=KernelRef.from_dict(c.get(d, "kernel", "kernel"), c),
                    tuning_key=c.text(c.get(d, "tuning_key", "tuning_key"), "tuning_key", MAX_TEXT),
-                   configs=configs, target=c.text(c.get(d, "target", "target"), "target", 64),
+                   configs=configs, target=c.target(c.get(d, "target", "target")),
                    env_vars=c.text_map(c.get(d, "env_vars", "env_vars"), "env_vars"),
                    result_hash=c.text(c.get(d, "result_hash", "result_hash"), "result_hash", 128),
                    timings=timings, best=best,

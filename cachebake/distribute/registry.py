@@ -193,8 +193,8 @@ def _run_skopeo(args: list[str], what: str) -> None:
 
 
 def skopeo_error(what: str, stderr: str):
-    """skopeo's last error line as one of our errors: a digest mismatch is a corrupt
-    artifact (5); everything else (no such tag, refused credentials, no route) is bad input
+    """skopeo's last error line as one of our errors: a digest mismatch, a blob longer than
+    declared and a document over skopeo's size limit are a corrupt artifact (5); everything else (no such tag, refused credentials, no route) is bad input
     (3) naming the reference."""
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else "skopeo failed"
@@ -202,6 +202,10 @@ def skopeo_error(what: str, stderr: str):
     if re.search(r"digest|checksum", last, re.I) and re.search(r"match|verif|invalid", last, re.I):
         return CorruptArtifact(f"{what}: the registry sent a blob that does not match its digest "
                                f"(nothing installed): {last}")
+    limit = re.search(r"exceeded maximum allowed size of (\d+) bytes", last)
+    if limit:  # skopeo's own bound on a document it reads whole (a manifest, a config)
+        return CorruptArtifact(f"{what}: the registry sent an image manifest or config over skopeo's "
+                               f"size limit ({int(limit.group(1))} bytes): nothing installed")
     if re.search(r"file too large", last, re.I):  # EFBIG: RLIMIT_FSIZE stopped it (see fetch)
         return CorruptArtifact(f"{what}: the registry sent a blob longer than declared: stopped "
                                "at the manifest's largest blob size (nothing installed)")

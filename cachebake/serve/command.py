@@ -56,7 +56,23 @@ SERVER_ENV_PREFIXES = ("VLLM_", "TRITON_", "TORCHINDUCTOR_", "FLASHINFER_", "HF_
 # Triton 3.6's cache-invalidating variables (triton/knobs.py env names) beside TRITON_*
 INVALIDATING_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "NVPTX_", "AMDGCN_")
 INVALIDATING_NAMES = ("DISABLE_PTXAS_OPT", "PTXAS_OPTIONS", "USE_IR_LOC")
-_LOADS_SOMETHING = re.compile(r"(?:_PATHS?|_DIR|_MANAGER|_BACKEND|_PLUGINS?|_LIBS?|_FILE|PRELOAD)\Z")
+# Within the families, refused by the shape of the name: what points at something to load or run
+# (a path, a dir, a class, a plugin, a library), a place files are read from or written to (a
+# home or root: TRITON_HOME moves Triton's override and dump dirs, HF_HOME the model cache), and
+# a service or credential (an endpoint, host, port, token, key: HF_ENDPOINT sends HF_TOKEN where
+# it points, VLLM_API_KEY sets the server's key)...
+_LOADS_SOMETHING = re.compile(r"(?:_PATHS?|_DIR|_MANAGER|_BACKEND|_PLUGINS?|_LIBS?|_FILE|PRELOAD"
+                              r"|_HOME|_ROOT|_ENDPOINT|_URL|_HOST|_IP|_PORT|_TOKEN|_KEY)\Z")
+# ... and by name, the knobs that swap or bypass what the bake made, or open the server:
+# Triton 3.6's kernel override and dump (knobs.py: IR loaded from / written to TRITON_HOME's
+# dirs), compiling always, the interpreter, the remote cache, instrumentation; vLLM's pickle
+# deserialization, dev endpoints, LoRA loading at runtime and ModelScope downloads (envs.py).
+_SWAPS_OR_OPENS = frozenset({
+    "TRITON_KERNEL_OVERRIDE", "TRITON_KERNEL_DUMP", "TRITON_ALWAYS_COMPILE", "TRITON_INTERPRET",
+    "TRITON_REDIS_KEY_FORMAT", "TRITON_INSTRUMENTATION_MODE",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    "VLLM_USE_MODELSCOPE",
+})
 
 
 def check_env(env: dict, document: str, field: str,
@@ -71,10 +87,11 @@ def check_env(env: dict, document: str, field: str,
             raise InvalidDocument(document, f"{field}[{ascii(key)}]",
                                   "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if allowed is not None and not (key.startswith(allowed[0]) or key in allowed[1]) or (
-                allowed is not None and _LOADS_SOMETHING.search(key) and key not in allowed[1]):
+                allowed is not None and key not in allowed[1]
+                and (_LOADS_SOMETHING.search(key) or key in _SWAPS_OR_OPENS)):
             raise InvalidDocument(document, f"{field}.{key}",
                                   "is not a variable an artifact may set in the server (it names "
-                                  "code or a program to load, or is outside "
+                                  "code, a place or a service, swaps what the bake made, or is outside "
                                   f"{', '.join(p + '*' for p in allowed[0])})")
         if not isinstance(value, str) or "\0" in value:
             raise InvalidDocument(document, f"{field}.{key}", "must be a string without NUL")
@@ -222,6 +239,9 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
     base = root or c.opt_str(env_rec.get("root"), "bake.env.root")
     if base is not None and not base.startswith("/"):
         c.fail("bake.env.root", "must be an absolute path")
+    if root is None and base is not None and any(ord(ch) < 32 or 0x7f <= ord(ch) < 0xa0 for ch in base):
+        # every role's variable is made of it: one line, as the user's --root must be for k8s
+        c.fail("bake.env.root", "must be an absolute path without control characters")
     # the roles' own variables: where the bake had them (replaced below by the install's)
     baked_env = check_env(bake.get("serve_env") or {}, document, "bake.serve_env",
                           (SERVER_ENV_PREFIXES, tuple(roles_mod.ROLE_ENV.values())))
