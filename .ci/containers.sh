@@ -142,6 +142,11 @@ EOF
 DOCKER_BUILDKIT=1 $DOCKER build -q --network=none -t cachebake-ci/serving:test "$WORK/serving" >/dev/null
 say "images: $($DOCKER images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | tr '\n' ' ')"
 
+# The tests make cachebake's wheel as README says (`pip wheel --no-deps .`), inside the
+# namespace, which has no route to PyPI: the build backend pyproject.toml names comes from here.
+mkdir -p "$WORK/build-backend"
+python3 -m pip download -q --only-binary=:all: -d "$WORK/build-backend" 'setuptools>=77'
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WORK/build-backend"
 export CACHEBAKE_TEST_CONTAINERS=1 CACHEBAKE_TEST_DOCKER_CLI=$DOCKER \
   CACHEBAKE_TEST_REGISTRY=$REGISTRY CACHEBAKE_TEST_REGISTRY_DIR="$WORK/registry" \
   CACHEBAKE_TEST_BASE_IMAGE=cachebake-ci/base:test CACHEBAKE_TEST_SERVING_IMAGE=cachebake-ci/serving:test \

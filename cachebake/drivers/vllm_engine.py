@@ -177,7 +177,7 @@ def place_hub_config(recipe: Recipe, repo_id: str, *, revision: str | None = Non
         except FileNotFoundError:
             commit = hashlib.sha1(config_bytes(recipe.hf_config)).hexdigest()
             ref_file.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(ref_file, commit.encode())
+            jsonio.write_atomic(ref_file, commit.encode())
         if not _COMMIT.match(commit):
             raise BadInput(f"{ref_file} does not name a snapshot (a 40-hex commit)")
     snapshot = repo_dir / "snapshots" / commit
