@@ -77,7 +77,8 @@ def _eval(art, cwd: Path, *extra):
 
 
 def test_eval_runs_exactly_the_exports_and_the_command_of_a_hostile_artifact(triton_cache, tmp_path):
-    model = "/models/m\n$(touch CANARY)`touch CANARY`; touch CANARY"
+    # one line: a model path with a line break is refused (test_a_model_path_with_a_line_break...)
+    model = "/models/m $(touch CANARY)`touch CANARY`; touch CANARY"
     bake = _bake(model={"path": model}, serve_env={**HOSTILE_VALUES, "TRITON_CACHE_AUTOTUNING": "1"},
                  serve_args={"max_num_seqs": 8, "tokenizer": INJECT, "weird_key; touch CANARY": "x\ny"})
     art = _artifact(triton_cache, tmp_path, bake)
@@ -270,6 +271,14 @@ def test_a_bake_root_with_a_line_break_is_refused(triton_cache, tmp_path):
                         str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
                        env=_env(), cwd=tmp_path)
     assert r.returncode == ExitCode.CORRUPT and "bake.env.root" in r.stderr and r.stdout == "", r.stderr
+
+
+def test_a_model_path_with_a_line_break_is_refused(tmp_path):
+    bake = _bake(model={"path": "/m; touch /tmp/x\n$(touch /tmp/x)"})
+    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
+                        str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path)
+    assert r.returncode == ExitCode.CORRUPT and "bake.model.path" in r.stderr and r.stdout == "", r.stderr
 
 
 def test_the_variables_a_bake_runs_with_still_travel(triton_cache, tmp_path):

@@ -33,6 +33,10 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BREAKS = {c: ascii(chr(c))[1:-1] for c in [*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0), 0x2028, 0x2029]}
 
 
+def _has_control(text: str) -> bool:
+    return any(ord(ch) < 32 or 0x7f <= ord(ch) < 0xa0 or ord(ch) in (0x2028, 0x2029) for ch in text)
+
+
 def one_line(text) -> str:
     """``text`` as one line with no control characters: each is written as its escape
     (``\\n``, ``\\x1b``), so a comment made of it cannot end early in a shell script or a YAML
@@ -231,6 +235,8 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
             notes.append(f"serve args resolved from recipe {recipe.ref} as this cachebake knows it")
     if not path or serve_args is None:
         raise BadInput("this artifact's bake section records no model path / serve args")
+    if _has_control(path):  # the server's first argument, and a line of k8s' command
+        c.fail("bake.model.path", "must be one line without control characters")
     flags = serve_args_to_flags({k: v for k, v in serve_args.items() if k not in BAKE_ONLY})
     env_rec = c.obj(bake.get("env") or {}, "bake.env")
     roles = (_roles(manifest.get("roles"), c, "roles") or _roles(env_rec.get("roles"), c, "bake.env.roles")
@@ -239,7 +245,7 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
     base = root or c.opt_str(env_rec.get("root"), "bake.env.root")
     if base is not None and not base.startswith("/"):
         c.fail("bake.env.root", "must be an absolute path")
-    if root is None and base is not None and any(ord(ch) < 32 or 0x7f <= ord(ch) < 0xa0 for ch in base):
+    if root is None and base is not None and _has_control(base):
         # every role's variable is made of it: one line, as the user's --root must be for k8s
         c.fail("bake.env.root", "must be an absolute path without control characters")
     # the roles' own variables: where the bake had them (replaced below by the install's)
