@@ -24,9 +24,9 @@ fi
 sha=$(git -C "$REPO" rev-parse --short "$COMMIT")
 ROOT=$DEB12/run-$sha
 LOG=$DEB12/logs/$sha
-umount_all() {
-  for m in dev sys proc; do umount -R -l "$ROOT/$m" 2>/dev/null || true; done
-  umount -l "$ROOT" 2>/dev/null || true
+umount_all() {  # what we mounted, and what the container job left (its netns under /run)
+  for m in run/netns dev sys proc; do umount -R -l "$ROOT/$m" 2>/dev/null || true; done
+  umount -R -l "$ROOT" 2>/dev/null || true
 }
 trap umount_all EXIT
 umount_all
