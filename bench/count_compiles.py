@@ -6,7 +6,7 @@ A bench helper, not the monitor: it counts through ``triton.knobs.compilation.li
 ``*.autotune.json`` files that appeared in TRITON_CACHE_DIR (each one is an autotune
 benchmark that ran).  Prints one JSON line on stdout at the end.
 
-Usage:  python3 bench/count_compiles.py -m cachebake.drivers.kernels --model nemotron-h
+Usage:  python3 bench/count_compiles.py -m cachebake.vllm.kernels.driver --model nemotron-h
 """
 
 from __future__ import annotations

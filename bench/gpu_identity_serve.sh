@@ -83,7 +83,7 @@ recheck)
   rm -rf "$ART" && tar -C "$G" -xf "$SRC/tests/data/nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
   chmod -R a+rX "$ART"
   # the model dir the bake wrote (its config.json is compared), as the bake writes it
-  python3 -c "from cachebake.recipes import load_recipe; from cachebake.drivers.vllm_engine import write_model_dir; write_model_dir(load_recipe('nemotron-h'), '/models/nemotron-h-8b')"
+  python3 -c "from cachebake.recipes import load_recipe; from cachebake.vllm.engine import write_model_dir; write_model_dir(load_recipe('nemotron-h'), '/models/nemotron-h-8b')"
   ;&
 serve)
   rm -rf /srv/cb && mkdir -p /srv/cb && chown $NOBODY:$NOBODY /srv/cb

@@ -10,11 +10,11 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SRC:$OPS" TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=/tmp/c1
 cd /tmp  # not a repo root: a checkout's own cachebake/ must not shadow $SRC
 rm -rf /tmp/c1 /tmp/c2
-sweep() { python3 "$COUNT" -m cachebake.drivers.kernels --model nemotron-h; }
+sweep() { python3 "$COUNT" -m cachebake.vllm.kernels.driver --model nemotron-h; }
 { nvidia-smi -L; python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name())'; } 2>&1 | tee "$OUT/env.log"
 echo "== cold (empty $TRITON_CACHE_DIR)"; sweep 2>&1 | tee "$OUT/cold.log"
 echo "== warm (fresh process, same cache)"; sweep 2>&1 | tee "$OUT/warm.log"
-echo "== warm, plain python3 -m"; { time python3 -m cachebake.drivers.kernels --model nemotron-h; } 2>&1 | tee "$OUT/warm_plain.log"
+echo "== warm, plain python3 -m"; { time python3 -m cachebake.vllm.kernels.driver --model nemotron-h; } 2>&1 | tee "$OUT/warm_plain.log"
 { echo "== cache"; du -sh /tmp/c1; echo "files $(find /tmp/c1 -type f | wc -l) cubins $(find /tmp/c1 -name '*.cubin' | wc -l)" \
   "autotune $(find /tmp/c1 -name '*.autotune.json' | wc -l) so $(find /tmp/c1 -name '*.so' | wc -l)"; } 2>&1 | tee "$OUT/cache.log"
 tar -C /tmp -czf "$OUT/c1_cache.tgz" c1

@@ -31,7 +31,7 @@ def main() -> None:
 
     open(a.log, "w").close()  # this run's events only: the monitor appends
     monitor.activate(a.log)  # arms the taps; they go in when triton is imported
-    from cachebake.drivers.kernels import run_sweep
+    from cachebake.vllm.kernels.driver import run_sweep
 
     t = time.perf_counter()
     first: list[float] = []

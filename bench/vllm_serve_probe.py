@@ -80,8 +80,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from cachebake.drivers.vllm_engine import generate_at_once
-    from cachebake.drivers.vllm_plan import limits_from_vllm_config, plan_requests
+    from cachebake.vllm.engine import generate_at_once
+    from cachebake.vllm.request_plan import limits_from_vllm_config, plan_requests
 
     kwargs = parse_engine_kwargs(spec["model"], spec["flags"])
     llm = LLM(model=spec["model"], load_format="dummy", skip_tokenizer_init=True,

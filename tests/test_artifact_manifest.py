@@ -25,7 +25,7 @@ ENTRIES = [Entry("triton", tarfile.DIRTYPE), Entry(f"triton/{KEY}", tarfile.DIRT
 # What a vllm-driver build writes (bake/build.py: describe + env + rounds + the driver's record),
 # trimmed: known fields of every type, and keys only the driver knows.
 SECTION = {
-    "driver": "vllm", "function": "cachebake.drivers.vllm_engine:run",
+    "driver": "vllm", "function": "cachebake.vllm.engine:run",
     "model": {"path": "/models/nemotron-h-8b", "mamba": {"heads": 128}},
     "serve_args": {"max_model_len": 4096}, "serve_env": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
     "env": {"root": "/var/cache/cachebake", "roles": ["triton", "vllm"],

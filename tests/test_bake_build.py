@@ -278,7 +278,7 @@ def test_a_last_round_that_recompiled_torch_compile_is_a_warning():
     torch_compile_outcome builds it): a load is silent, a compile after the first round says
     the packed vllm role would not spare a server like the rounds its Dynamo/Inductor time."""
     from cachebake.bake.build import torch_compile_note
-    from cachebake.drivers.vllm_identity import torch_compile_outcome
+    from cachebake.vllm.identity import torch_compile_outcome
 
     loaded = torch_compile_outcome([{"event": "aot_load", "path": "/r/a", "existed": True, "loaded": True}])
     compiled = torch_compile_outcome([{"event": "aot_load", "path": "/r/a", "existed": False, "loaded": False}])

@@ -6,7 +6,7 @@
   back with the recorded dtype, shape, strides, storage offset, 16-byte alignment and values.
 * the committed traces belong to the stored plans they name.
 
-Needs torch and the real vllm (the vllm venv), like tests/test_plan_vllm.py.
+Needs torch and the real vllm (the vllm venv), like tests/test_vllm_kernels_plan_vllm.py.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import reference  # noqa: E402
 import replay  # noqa: E402
 import record_trace as trace_mod  # noqa: E402
 
-from cachebake.drivers.engine_steps import Row, _dummy_rows, batch_order  # noqa: E402
-from cachebake.plan.store import load_store  # noqa: E402
+from cachebake.vllm.kernels.engine_steps import Row, _dummy_rows, batch_order  # noqa: E402
+from cachebake.vllm.kernels.plan.store import load_store  # noqa: E402
 from cachebake.recipes import load_recipe  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -231,7 +231,7 @@ def test_recipes_piped_prints_each_recipes_serve_args_whole():
     """A program (or a person copying from a pager) gets each recipe's flags on one line, at
     any COLUMNS: rich used to fold them at 80, mid-flag."""
     from cachebake.recipes import list_recipes
-    from cachebake.serveargs import serve_args_to_flags
+    from cachebake.vllm.serveargs import serve_args_to_flags
 
     for columns in (60, 80, 200):
         r = subprocess.run([sys.executable, "-m", "cachebake.cli", "recipes"], capture_output=True,
@@ -255,7 +255,7 @@ def test_recipes_on_a_terminal_break_serve_args_only_between_flags(columns, monk
     from cachebake.cli.render import WIDE, render_recipes
     from cachebake.cli.reports import RecipesReport
     from cachebake.recipes import list_recipes
-    from cachebake.serveargs import serve_args_to_flags
+    from cachebake.vllm.serveargs import serve_args_to_flags
 
     buf = io.StringIO()
     recipes = list_recipes()

@@ -84,7 +84,7 @@ def test_make_driver(monkeypatch):
     assert make_driver(None, ["echo", "hi"]).round_argv() == ["echo", "hi"]
     kernels = make_driver("kernels", None, model="nemotron-h", tp=2,
                           serve_args="--max-num-seqs 64")
-    assert kernels.function == "cachebake.drivers.kernels:run_sweep"
+    assert kernels.function == "cachebake.vllm.kernels.driver:run_sweep"
     assert kernels.kwargs == {"model": "nemotron-h", "tp": 2, "serve_args": {"max_num_seqs": 64}}
     assert kernels.round_argv()[1:3] == ["-m", "cachebake.drivers.child"]
     assert json.loads(kernels.round_argv()[4])["serve_args"] == {"max_num_seqs": 64}

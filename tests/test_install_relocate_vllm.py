@@ -155,7 +155,7 @@ def test_unknown_root_leaves_the_role_out_and_triton_still_hits(tmp_path, triton
     assert again["status"] == "already installed" and again["left_out"] == report["left_out"]
     assert again["roles"] == ["triton"]
 
-    from cachebake.bake.verify import VerifyReport
+    from cachebake.verify import VerifyReport
     v = VerifyReport(cache=str(to), roles=["triton"], round=None,
                      left_out=InstallDir(to).installed().left_out)
     assert v.warnings() == [f"the vllm role was left out at install ({report['left_out']['vllm']}): "

@@ -1,5 +1,5 @@
 """The one config reader (recipes/model_keys): each family's spelling, vLLM's derivations, the
-state dtype rules.  tests/test_plan_vllm.py checks the same reader against the mixers vLLM
+state dtype rules.  tests/test_vllm_kernels_plan_vllm.py checks the same reader against the mixers vLLM
 builds; these run without vllm."""
 
 from __future__ import annotations

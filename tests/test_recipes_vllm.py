@@ -16,11 +16,11 @@ import os
 
 import pytest
 
-from cachebake.drivers.vllm_engine import engine_kwargs, write_model_dir
-from cachebake.drivers.vllm_plan import (default_capture_sizes, limits_from_vllm_config,
+from cachebake.vllm.engine import engine_kwargs, write_model_dir
+from cachebake.vllm.request_plan import (default_capture_sizes, limits_from_vllm_config,
                                          plan_requests)
 from cachebake.recipes import list_recipes, load_recipe
-from cachebake.serveargs import serve_args_to_flags
+from cachebake.vllm.serveargs import serve_args_to_flags
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -129,7 +129,7 @@ def test_a_round_boots_the_real_engine(tmp_path):
     import json
     import sys
 
-    from cachebake.drivers.vllm_engine import run_round
+    from cachebake.vllm.engine import run_round
     from cachebake.errors import CommandFailed
     from cachebake.recipes import load_recipe
 

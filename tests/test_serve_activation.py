@@ -12,7 +12,7 @@ import pytest
 import servekit
 from click.testing import CliRunner
 from conftest import as_nobody
-from test_drivers_vllm_engine import _manifest
+from test_vllm_engine import _manifest
 from test_serve_layered import IN_BAKE, NOT_IN_BAKE
 
 from cachebake.artifact.pack import CacheRoot, pack_artifact

@@ -195,19 +195,19 @@ def test_on_a_terminal_the_text_is_printable(triton_cache, tmp_path):
 
 def _kernels_bake_section() -> dict:
     """A --driver kernels bake section as build writes it: the driver's description, then the
-    driver's record (cachebake.drivers.kernels.bake_record) with the stored engine plan."""
-    from cachebake.drivers.kernels import bake_record
-    from cachebake.plan.store import stored_plan
-    from cachebake.serveargs import resolve
+    driver's record (cachebake.vllm.kernels.driver.bake_record) with the stored engine plan."""
+    from cachebake.vllm.kernels.driver import bake_record
+    from cachebake.vllm.kernels.plan.store import stored_plan
+    from cachebake.vllm.serveargs import resolve
 
     recipe, args, _ = resolve("nemotron-h")
     plan = stored_plan(recipe, args)
-    return {"driver": "kernels", "function": "cachebake.drivers.kernels:run_sweep", "model": "nemotron-h",
+    return {"driver": "kernels", "function": "cachebake.vllm.kernels.driver:run_sweep", "model": "nemotron-h",
             **bake_record(recipe, plan, "stored", [])}
 
 
 def test_a_kernels_bake_names_the_flags_its_plan_was_computed_for(triton_cache, tmp_path):
-    from cachebake.serveargs import BAKE_ONLY, serve_args_to_flags
+    from cachebake.vllm.serveargs import BAKE_ONLY, serve_args_to_flags
 
     bake = _kernels_bake_section()
     flags = serve_args_to_flags({k: v for k, v in bake["plan"]["serve_args"].items() if k not in BAKE_ONLY})

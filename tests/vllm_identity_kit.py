@@ -1,4 +1,4 @@
-"""Run by the vllm venv's interpreter (CACHEBAKE_VLLM_PYTHON) for tests/test_drivers_vllm_identity.py;
+"""Run by the vllm venv's interpreter (CACHEBAKE_VLLM_PYTHON) for tests/test_vllm_identity.py;
 prints one ``RESULT {json}`` line.
 
     compile ROOT    a tiny model under vLLM's own @support_torch_compile, VLLM_CACHE_ROOT=ROOT, with
@@ -36,7 +36,7 @@ def compile_tiny(root: str) -> dict:
     import torch
     from vllm.plugins import load_general_plugins
 
-    from cachebake.drivers import vllm_identity as vi
+    from cachebake.vllm import identity as vi
 
     load_general_plugins()  # the cachebake plugin installs the probe when its entry point is here
     via_plugin = vi._installed
@@ -77,8 +77,8 @@ def identity(model_dir: str) -> dict:
     cpu_platform()
     from vllm.engine.arg_utils import EngineArgs
 
-    from cachebake.drivers import vllm_identity as vi
-    from cachebake.drivers.vllm_engine import bake_record, engine_kwargs, write_model_dir
+    from cachebake.vllm import identity as vi
+    from cachebake.vllm.engine import bake_record, engine_kwargs, write_model_dir
     from cachebake.recipes import load_recipe
 
     start_env = dict(os.environ)
@@ -103,8 +103,8 @@ def check(path: str, scenarios_json: str) -> list:
     """Each scenario ({"env": {...}, "unset": [...], "model": ..., "argv": [...]}) in this one
     process: vLLM's getters read os.environ at every call."""
     cpu_platform()
-    from cachebake.drivers.vllm_identity import _environ
-    from cachebake.serve.compile_check import check_serving
+    from cachebake.vllm.identity import _environ
+    from cachebake.vllm.compile_check import check_serving
 
     bake = json.load(open(path))
     out = []

@@ -100,9 +100,9 @@ def trace_keys(rec: KeyRecorder, path: str) -> None:
 def driver_keys(rec: KeyRecorder, model: str, plan_file: str | None = None) -> int:
     """The kernels driver's sweep for ``model`` (its stored plan, or ``plan_file``), every launch
     recorded; returns the number of steps."""
-    from cachebake.drivers.engine_classes import plan_steps
-    from cachebake.drivers.kernels import load_plan
-    from cachebake.drivers.mamba2_ops import EngineMixer
+    from cachebake.vllm.kernels.engine_classes import plan_steps
+    from cachebake.vllm.kernels.driver import load_plan
+    from cachebake.vllm.kernels.mamba2_ops import EngineMixer
 
     _, plan, _ = load_plan(model, plan=plan_file)
     mixer = EngineMixer(plan, device="cpu", random_inputs=False)

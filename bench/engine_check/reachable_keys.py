@@ -2,7 +2,7 @@
 """Prove the kernels driver's sweep launches every kernel key the engine can reach.
 
 For each engine plan, two step lists go through vLLM's Mamba2 ops' host code with the plan's
-layouts (cachebake's EngineMixer, whose calls tests/test_plan_vllm.py checks against vLLM's own
+layouts (cachebake's EngineMixer, whose calls tests/test_vllm_kernels_plan_vllm.py checks against vLLM's own
 MambaMixer2 and metadata builder):
 
 * the engine's reachable steps, enumerated outright (``engine_classes.reachable_steps``: every
@@ -43,8 +43,8 @@ sys.path.insert(0, str(HERE))
 
 def plans(model: str, plan_file: str | None, all_variants: bool, gpu: str | None):
     """[(name, plan)] to prove."""
-    from cachebake.drivers.kernels import load_plan, resolve_model
-    from cachebake.plan.store import load_store
+    from cachebake.vllm.kernels.driver import load_plan, resolve_model
+    from cachebake.vllm.kernels.plan.store import load_store
 
     if all_variants:
         recipe, _ = resolve_model(model)
@@ -53,7 +53,7 @@ def plans(model: str, plan_file: str | None, all_variants: bool, gpu: str | None
                 if "plan" in entry]
     serve_args = None
     if plan_file:  # the bake this proves is one made with the plan's own serve args
-        from cachebake.plan import read_plan
+        from cachebake.vllm.kernels.plan import read_plan
 
         serve_args = read_plan(plan_file)["serve_args"]
     recipe, plan, source = load_plan(model, serve_args=serve_args, plan=plan_file, gpu=gpu)
@@ -66,8 +66,8 @@ def offline(name: str, plan: dict, bake_plan: dict | None = None) -> dict:
     from offline_keys import KeyRecorder
     from vllm.model_executor.layers.mamba.ops import triton_helpers
 
-    from cachebake.drivers.engine_classes import decode_classes, plan_steps, reachable_steps
-    from cachebake.drivers.mamba2_ops import EngineMixer
+    from cachebake.vllm.kernels.engine_classes import decode_classes, plan_steps, reachable_steps
+    from cachebake.vllm.kernels.mamba2_ops import EngineMixer
 
     t0 = time.perf_counter()
     rec = KeyRecorder()
@@ -124,8 +124,8 @@ def on_gpu(name: str, plan: dict) -> dict:
     import torch
     import triton
 
-    from cachebake.drivers.engine_classes import reachable_steps
-    from cachebake.drivers.mamba2_ops import EngineMixer
+    from cachebake.vllm.kernels.engine_classes import reachable_steps
+    from cachebake.vllm.kernels.mamba2_ops import EngineMixer
 
     t0 = time.perf_counter()
     compiles, hits = collections.Counter(), collections.Counter()

@@ -2,7 +2,7 @@
 """Record what a vLLM server's Mamba2 layer launches: start-up, then real traffic.
 
 Runs where the real ``vllm`` package imports (a CPU is enough; the vllm venv).  For a recipe
-variant's stored engine plan (cachebake/recipes/plans/) it drives:
+variant's stored engine plan (cachebake/vllm/kernels/plans/) it drives:
 
 * start-up as Model Runner V2 runs it (vllm/v1/worker/gpu/): the profile run's SSD warm-up,
   ``warmup_kernels`` (prefill of the planned batch, then decodes), and CUDA-graph capture of
@@ -33,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent.parent))  # the checkout, for cachebake.plan and recipes
+sys.path.insert(0, str(HERE.parent.parent))  # the checkout, for cachebake.vllm.kernels.plan and recipes
 
 TRACE_FORMAT = 1
 BLOCKS = 32  # state blocks the recorded calls address (ids are folded into them)
@@ -224,7 +224,7 @@ def replays_full_graph(plan, rows) -> bool:
 def record(recipe_ref: str, key: str, requests: int, seed: int, max_steps: int) -> dict:
     from reference import ReferenceLayer
 
-    from cachebake.plan.store import load_store
+    from cachebake.vllm.kernels.plan.store import load_store
     from cachebake.recipes import load_recipe
 
     recipe = load_recipe(recipe_ref)

@@ -9,7 +9,7 @@ by recorders.  A record holds, per op call, every argument by name: tensors as d
 strides, storage offset, 16-byte pointer alignment and (for integer tensors) values; plain
 values as they are.  Nothing is launched: no GPU is needed, only the real ``vllm`` package.
 
-Used by tests/test_plan_vllm.py (the kernels driver's calls must equal these) and by
+Used by tests/test_vllm_kernels_plan_vllm.py (the kernels driver's calls must equal these) and by
 bench/engine_check/record_trace.py (the traces bench/engine_check/replay.py launches on a GPU).
 Model Runner V2's input preparation (persistent query_start_loc / seq_lens / block-table
 buffers, dummy batches for capture) is mirrored here from vllm/v1/worker/gpu/, written
@@ -152,7 +152,7 @@ class ReferenceLayer:
         import torch
         from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
 
-        from cachebake.plan.engine import engine_session
+        from cachebake.vllm.kernels.plan.engine import engine_session
 
         self.plan, self.torch = plan, torch
         self._stack = contextlib.ExitStack()

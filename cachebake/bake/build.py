@@ -32,7 +32,7 @@ from cachebake.artifact.pack import CacheRoot, PackReport, check_out, check_writ
 from cachebake.bake.rounds import (DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS, Driver, RoundProgress,
                                    Rounds, check_round_options, run_rounds)
 from cachebake.capture.env import ALL_ROLES, InvalidatingEnvWarning, bake_env
-from cachebake.drivers.vllm_identity import outcome_problem
+from cachebake.vllm.identity import outcome_problem
 from cachebake.errors import BadInput, CommandFailed, Interrupted
 from cachebake.gpu import GPUTargetSpec, visible_gpu
 

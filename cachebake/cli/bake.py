@@ -164,7 +164,7 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only
     not load the baked artifact).  --check-only: no round; exit 4 when the server's vLLM would
     not use the baked torch.compile cache."""
     if check_only:
-        from cachebake.bake.verify import check_only as run_check
+        from cachebake.verify import check_only as run_check
         from cachebake.cli.render import render_compile_check
 
         given = [n for n, v in (("--model", model), ("--driver", driver), ("--tp", tp),
@@ -180,7 +180,7 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only
         return
     if artifact or target or model_ref:
         raise click.UsageError("--artifact, --target and --model-ref are for --check-only")
-    from cachebake.bake.verify import verify as run_verify
+    from cachebake.verify import verify as run_verify
     from cachebake.cli.progress import RoundProgress
     from cachebake.cli.render import render_verify
     from cachebake.drivers.registry import make_driver

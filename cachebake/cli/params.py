@@ -127,7 +127,7 @@ class ServeArgsType(click.ParamType):
     name = "SERVE_ARGS"
 
     def convert(self, value, param, ctx):
-        from cachebake.serveargs import parse_serve_args, validate_serve_args
+        from cachebake.vllm.serveargs import parse_serve_args, validate_serve_args
 
         if isinstance(value, dict):
             return value
@@ -143,7 +143,7 @@ class GpuMemoryType(click.ParamType):
     name = "GIB|CLASS"
 
     def convert(self, value, param, ctx):
-        from cachebake.plan import GPU_CLASSES, gpu_target
+        from cachebake.vllm.kernels.plan import GPU_CLASSES, gpu_target
 
         try:
             gpu_target(value)

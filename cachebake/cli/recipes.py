@@ -36,6 +36,6 @@ def plan_cmd(model, serve_args, tp, gpu_memory, stored, as_json):
 
     What vLLM's engine will hand its Mamba2 kernels: block and page sizes, state views,
     block table, CUDA-graph sizes, warm-up batch (computed with vllm, CPU is enough)."""
-    from cachebake.plan.report import make_plan_report
+    from cachebake.vllm.kernels.plan.report import make_plan_report
 
     output(as_json).emit(make_plan_report(model, tp, serve_args, gpu_memory, stored_only=stored))

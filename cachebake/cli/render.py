@@ -239,7 +239,7 @@ def render_recipes(report, console: Console) -> None:
     copy into `--serve-args` or a `vllm serve` line: piped, each recipe's flags are one whole
     line (rich would fold them at 80 columns, mid-flag); on a terminal they are broken only
     between flags (``flag_lines``)."""
-    from cachebake.serveargs import serve_args_to_flags
+    from cachebake.vllm.serveargs import serve_args_to_flags
 
     rows = []
     for r in report.recipes:

@@ -172,7 +172,7 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest
     if not model:
         raise UsageError("the server needs a command: --model M (`vllm serve` with its recipe's "
                          "flags), --bake ART (a --driver vllm bake's own command) or -- CMD...")
-    from cachebake.serveargs import BAKE_ONLY, resolve, serve_args_to_flags
+    from cachebake.vllm.serveargs import BAKE_ONLY, resolve, serve_args_to_flags
 
     _, args, model_dir = resolve(model)
     if driver == "kernels":  # its kernels were planned for exact serve args: serve with those

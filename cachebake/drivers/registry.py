@@ -33,8 +33,8 @@ from cachebake.errors import BadInput, CachebakeError, Unsupported, UsageError
 
 # --driver NAME -> the function that runs one round in-process.  Each takes (model, tp, ...).
 DRIVER_FUNCTIONS: dict[str, str] = {
-    "kernels": "cachebake.drivers.kernels:run_sweep",
-    "vllm": "cachebake.drivers.vllm_engine:run_warmup",
+    "kernels": "cachebake.vllm.kernels.driver:run_sweep",
+    "vllm": "cachebake.vllm.engine:run_warmup",
 }
 # What each driver needs on this machine: requirement names (see _REQUIREMENTS) and a GPU.
 DRIVER_NEEDS: dict[str, tuple[str, ...]] = {
@@ -203,7 +203,7 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
 
     load_recipe(model)  # a mistyped model is refused here, not in round 1
     if serve_args is not None:
-        from cachebake.serveargs import parse_serve_args, validate_serve_args
+        from cachebake.vllm.serveargs import parse_serve_args, validate_serve_args
 
         parsed = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args)
         serve_args = validate_serve_args(parsed)
@@ -217,7 +217,7 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
     if model_dir is not None:
         if driver != "vllm":
             raise UsageError("--model-dir is for --driver vllm")
-        from cachebake.serveargs import model_reference
+        from cachebake.vllm.serveargs import model_reference
 
         kwargs["model_dir"] = model_reference(model_dir)[1]  # a path made absolute, or a hub id
     if plan is not None:  # an engine plan file (`cachebake plan --json`): kernels driver only

@@ -44,7 +44,7 @@ from cachebake.install import atomic, extract, preflight, relocate, relocate_vll
 from cachebake.install.inventory import InstallMarker
 from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.roles import serving_overlay_env as runtime_env
-from cachebake.serveargs import identity_serve_env
+from cachebake.vllm.serveargs import identity_serve_env
 
 LOCK_TIMEOUT_S = 600.0
 

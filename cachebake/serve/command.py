@@ -1,5 +1,5 @@
 """``serve-args``: from a bake's manifest, the ``vllm serve`` command and the environment that
-match the bake (``serve_command``): the bake's serve args (cachebake.serveargs) turned back
+match the bake (``serve_command``): the bake's serve args (cachebake.vllm.serveargs) turned back
 into flags, each cache role where install put it (``roles.serving_env``), the cache-invalidating
 variables the bake ran with, and the variables vLLM's torch.compile hashes need to come out as
 the bake's (``serveargs.identity_serve_env``: the HOME/XDG-derived compile factors, the Hugging
@@ -23,7 +23,7 @@ from typing import Any
 
 from cachebake import roles as roles_mod
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
-from cachebake.serveargs import (BAKE_ONLY, IDENTITY_KEY, identity_serve_env, model_reference,
+from cachebake.vllm.serveargs import (BAKE_ONLY, IDENTITY_KEY, identity_serve_env, model_reference,
                                  serve_args_to_flags)
 
 # POSIX's portable environment variable names (and what every shell's `export` takes)
@@ -227,7 +227,7 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
         recorded = bake.get("serve_args")
         if recorded is not None and not isinstance(recorded, (dict, str)):
             c.fail("bake.serve_args", "must be an object or vllm serve flags")
-        from cachebake.serveargs import resolve  # as the driver resolved it
+        from cachebake.vllm.serveargs import resolve  # as the driver resolved it
 
         recipe, serve_args, resolved_path = resolve(model, tp, serve_args=recorded, model_dir=path)
         path = resolved_path

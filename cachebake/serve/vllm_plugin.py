@@ -9,7 +9,7 @@ miss:
   cache manager is in use, so it goes second;
 - ``$CACHEBAKE_VLLM_PROBE`` set (the vllm driver's rounds): the torch.compile probe, which
   records the hashes vLLM computes and whether it loaded the AOT artifact
-  (cachebake.drivers.vllm_identity).
+  (cachebake.vllm.identity).
 It must be cheap and inert otherwise: with none set it only reads three variables.
 """
 
@@ -17,7 +17,7 @@ import os
 import sys
 
 from cachebake.capture.env import MONITOR_LOG_ENV
-from cachebake.drivers.vllm_identity import PROBE_ENV  # light: it imports vLLM only when called
+from cachebake.vllm.identity import PROBE_ENV  # light: it imports vLLM only when called
 from cachebake.roles import OVERLAY_ENV
 
 
@@ -35,7 +35,7 @@ def register() -> None:
         monitor.activate()
     if os.environ.get(PROBE_ENV):
         try:
-            from cachebake.drivers import vllm_identity
+            from cachebake.vllm import identity as vllm_identity
 
             vllm_identity.install_probe()
         except Exception as e:  # a plugin must never stop vLLM from starting

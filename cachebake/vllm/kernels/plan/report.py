@@ -54,9 +54,9 @@ def make_plan_report(model: str, tp: int | None, serve_args, gpu: str | None,
     """Compute the plan with vllm when it imports (and say whether the stored one equals it);
     without vllm, or with ``stored_only``, return the stored plan of exactly these args."""
     from cachebake.errors import Unsupported
-    from cachebake.plan import DEFAULT_GPU, gpu_target
-    from cachebake.plan.store import plan_file, stored_plan
-    from cachebake.serveargs import resolve
+    from cachebake.vllm.kernels.plan import DEFAULT_GPU, gpu_target
+    from cachebake.vllm.kernels.plan.store import plan_file, stored_plan
+    from cachebake.vllm.serveargs import resolve
 
     recipe, args, _ = resolve(model, tp, serve_args=serve_args)
     stored = stored_plan(recipe, args, gpu)
@@ -78,7 +78,7 @@ def make_plan_report(model: str, tp: int | None, serve_args, gpu: str | None,
             raise Unsupported(f"no stored engine plan for {recipe.ref} with these serve args, and "
                               f"{why}: compute it where vllm is installed (`cachebake plan`)")
         return PlanReport(recipe.ref, f"stored {plan_file(recipe.name).name}", stored)
-    from cachebake.plan.compute import compute_plan
+    from cachebake.vllm.kernels.plan.compute import compute_plan
 
     plan = compute_plan(recipe.hf_config, args, gpu_target(gpu), recipe=recipe.ref)
     return PlanReport(recipe.ref, f"computed with vllm {plan['vllm_version']}", plan,

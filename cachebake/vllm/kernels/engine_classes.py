@@ -59,9 +59,9 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cachebake.drivers.engine_steps import (Row, Step, batch_order, serving_steps, startup_steps,
+from cachebake.vllm.kernels.engine_steps import (Row, Step, batch_order, serving_steps, startup_steps,
                                             warmup_kernels_steps)
-from cachebake.drivers.mamba_metadata import build_metadata
+from cachebake.vllm.kernels.mamba_metadata import build_metadata
 from cachebake.errors import BadInput
 
 # Where a step's decode rows read their state indices (mamba_metadata.build_metadata):

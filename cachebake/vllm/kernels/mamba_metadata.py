@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from cachebake.drivers.engine_steps import Row, Step
+from cachebake.vllm.kernels.engine_steps import Row, Step
 
 CONV_BLOCK_M = 8  # compute_causal_conv1d_metadata covers BLOCK_M == 8 only
 

@@ -1,10 +1,10 @@
-"""Stored engine plans: one JSON file per recipe family in ``cachebake/recipes/plans/``.
+"""Stored engine plans: one JSON file per recipe family in ``cachebake/vllm/kernels/plans/``.
 
 Each recipe variant stores the plans of its default serve args at TP 1, 2, 4 and 8 (where
 vLLM accepts the model at that size), with vLLM's default prefix caching and its opposite,
 without and with speculative decoding (``SPEC_NGRAM``) -- and the sizes vLLM refuses, with
 its reason, so that "not stored" never silently means "not tried".  A GPU builder without
-vLLM bakes from these; ``python -m cachebake.plan.store`` (with vllm installed) rewrites
+vLLM bakes from these; ``python -m cachebake.vllm.kernels.plan.store`` (with vllm installed) rewrites
 them, and ``pytest -m vllm`` proves each equals what vLLM computes now.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cachebake import jsonio
-from cachebake.plan import DEFAULT_GPU, SPEC_NGRAM, check_plan, gpu_target
+from cachebake.vllm.kernels.plan import DEFAULT_GPU, SPEC_NGRAM, check_plan, gpu_target
 
-PLAN_DIR = Path(__file__).resolve().parent.parent / "recipes" / "plans"
+PLAN_DIR = Path(__file__).resolve().parent.parent / "plans"
 TP_SIZES = (1, 2, 4, 8)
 STORE_FORMAT = 1
 
@@ -80,7 +80,7 @@ def _same_target(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def compute_variant(recipe, gpu: str = DEFAULT_GPU) -> dict[str, dict[str, Any]]:
     """Every stored combination of one variant: {name: {"plan": ...} or {"refused": why}}."""
     from cachebake.errors import CachebakeError
-    from cachebake.plan.compute import compute_plan
+    from cachebake.vllm.kernels.plan.compute import compute_plan
 
     target = gpu_target(gpu)
     out: dict[str, dict[str, Any]] = {}
@@ -106,7 +106,7 @@ def compute_variant(recipe, gpu: str = DEFAULT_GPU) -> dict[str, dict[str, Any]]
 def write_store(family: str, variants: dict[str, dict[str, Any]]) -> Path:
     path = plan_file(family)
     doc = {"format": STORE_FORMAT, "family": family,
-           "how": "python -m cachebake.plan.store (needs vllm; see cachebake/plan/compute.py)",
+           "how": "python -m cachebake.vllm.kernels.plan.store (needs vllm; see cachebake/vllm/kernels/plan/compute.py)",
            "variants": variants}
     jsonio.write_atomic(path, (jsonio.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     return path
@@ -115,7 +115,7 @@ def write_store(family: str, variants: dict[str, dict[str, Any]]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from cachebake.recipes import list_recipes
 
-    ap = argparse.ArgumentParser(prog="python -m cachebake.plan.store", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m cachebake.vllm.kernels.plan.store", description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="*", help="recipe families to recompute (default: all)")
     args = ap.parse_args(argv)
     by_family: dict[str, list] = {}

@@ -1,6 +1,6 @@
 """Engine plans without vLLM: the stored plans' shape and consistency, targets, `cachebake plan`.
 
-That every stored plan equals what vLLM computes is tests/test_plan_vllm.py's job (it needs
+That every stored plan equals what vLLM computes is tests/test_vllm_kernels_plan_vllm.py's job (it needs
 the real vllm); these hold the stored data to the model configs through the one config
 reader, and check the command works where vllm is not installed."""
 
@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from cachebake.drivers.kernels import check_plan_matches
+from cachebake.vllm.kernels.driver import check_plan_matches
 from cachebake.errors import BadInput, ExitCode
-from cachebake.plan import PLAN_SECTIONS, SPEC_NGRAM, check_plan, gpu_target, read_plan
-from cachebake.plan.store import TP_SIZES, combinations, load_store, stored_plan
+from cachebake.vllm.kernels.plan import PLAN_SECTIONS, SPEC_NGRAM, check_plan, gpu_target, read_plan
+from cachebake.vllm.kernels.plan.store import TP_SIZES, combinations, load_store, stored_plan
 from cachebake.recipes import list_recipes, load_recipe
 from cachebake.recipes.model_keys import state_dtypes
 

@@ -19,7 +19,7 @@ up to the first kernel launch, with vLLM's own functions:
   ``CudaGraphManager._init_candidates``), the start-up warm-up batch (``warmup.py``'s block
   counting) and the prefix-cache hash granularity.
 
-The engine is built by ``cachebake.plan.engine`` (vLLM on its CPU platform, the target's
+The engine is built by ``cachebake.vllm.kernels.plan.engine`` (vLLM on its CPU platform, the target's
 hardware answers).  ``vllm`` is imported inside the functions only: importing this module
 costs nothing.
 """
@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from cachebake.errors import BadInput
-from cachebake.plan import PLAN_FORMAT
-from cachebake.plan.engine import GiB, Engine, engine_session, one_line
+from cachebake.vllm.kernels.plan import PLAN_FORMAT
+from cachebake.vllm.kernels.plan.engine import GiB, Engine, engine_session, one_line
 
 # Memory a served model holds besides weights and KV cache (activations of the profile run,
 # CUDA graphs, the CUDA context).  Only the start-up warm-up batch depends on the KV block

@@ -8,7 +8,7 @@ download).  The recipe's ``config.json`` is put where the *server's* model refer
 in the directory the server uses, or, for a hub id the server serves (``vllm serve org/name``),
 in the Hugging Face cache layout (``write_model_dir``).  The reference enters torch.compile's
 cache key, so the round records it with the rest of vLLM's compile identity
-(cachebake.drivers.vllm_identity: every factor of the hashes vLLM computed, and whether
+(cachebake.vllm.identity: every factor of the hashes vLLM computed, and whether
 torch.compile loaded the AOT artifact or compiled) for serve-args and verify.
 
 vLLM's startup runs its own warmups (profile run, JIT warmup registry, CUDA graph capture); then
@@ -16,7 +16,7 @@ the plan from ``vllm_plan.plan_requests`` drives what only traffic reaches.  Eac
 fresh process, so in-memory caches never hide a disk miss: ``run_warmup`` is the round body that
 ``cachebake build --driver vllm`` starts (``drivers.registry``), under the compile monitor, until
 a round compiles nothing; ``run_round`` runs one round as a child process on its own
-(``python -m cachebake.drivers.vllm_engine SPEC REPORT``).
+(``python -m cachebake.vllm.engine SPEC REPORT``).
 
 Nothing here fakes the engine: without vLLM (or without a GPU) a round fails with the child's
 own error.
@@ -65,14 +65,14 @@ from typing import Any
 
 from cachebake import jsonio
 from cachebake.capture.env import MONITOR_LOG_ENV, ROUND_ENV
-from cachebake.drivers import vllm_identity
-from cachebake.drivers.vllm_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
+from cachebake.vllm import identity as vllm_identity
+from cachebake.vllm.request_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
                                          limits_from_vllm_config, plan_digest, plan_requests,
                                          plan_summary)
 from cachebake.errors import BadInput, CommandFailed
 from cachebake.recipes import Recipe
 from cachebake.roles import ROLE_ENV
-from cachebake.serveargs import (BAKE_ONLY, IDENTITY_KEY, model_reference, resolve,
+from cachebake.vllm.serveargs import (BAKE_ONLY, IDENTITY_KEY, model_reference, resolve,
                                  serve_args_to_flags, validate_serve_args)
 
 # What every vLLM bake process runs with besides the pinned cache roots: no network, no telemetry.
@@ -223,7 +223,7 @@ class VllmRoundReport:
     model_runner: str | None = None  # "v1" | "v2": vLLM 0.24 defaults to V1, 0.33 to V2
     plan_digest: str | None = None
     returncode: int = 0
-    # vLLM's torch.compile identity as this round computed it (cachebake.drivers.vllm_identity)
+    # vLLM's torch.compile identity as this round computed it (cachebake.vllm.identity)
     compile_identity: dict[str, Any] | None = None
     # what torch.compile did in this round: the AOT artifact loaded, or compiled again
     torch_compile: dict[str, Any] | None = None
@@ -280,7 +280,7 @@ def run_round(recipe: Recipe, serve_args: dict[str, Any], *, model_dir: os.PathL
     spec_path.write_text(json.dumps(spec, indent=2))
     with open(log_path, "ab") as log:
         try:
-            proc = subprocess.run([python, "-m", "cachebake.drivers.vllm_engine",
+            proc = subprocess.run([python, "-m", "cachebake.vllm.engine",
                                    str(spec_path), str(report_path)],
                                   env=bake_environment(env), stdout=log, stderr=subprocess.STDOUT,
                                   timeout=timeout)
@@ -469,6 +469,6 @@ __all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "en
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        print("usage: python -m cachebake.drivers.vllm_engine SPEC.json REPORT.json", file=sys.stderr)
+        print("usage: python -m cachebake.vllm.engine SPEC.json REPORT.json", file=sys.stderr)
         sys.exit(2)
     sys.exit(child_main(sys.argv[1], sys.argv[2]))

@@ -5,12 +5,12 @@ from ``vllm serve``'s own argument parser and ``EngineArgs.create_engine_config
 (OPENAI_API_SERVER)``; the model's real layers, instantiated on the ``meta`` device as TP
 rank 0 of the planned TP group; every layer's KV-cache spec after vLLM's own hybrid
 block-size alignment (``Platform.update_block_size_for_backend`` with FlashAttention); the
-KV-cache layout and groups.  ``cachebake.plan.compute`` reads the engine plan off it; the
+KV-cache layout and groups.  ``cachebake.vllm.kernels.plan.compute`` reads the engine plan off it; the
 engine check (bench/engine_check/reference.py) runs vLLM's own Mamba2 layer in it.
 
 vLLM runs here on its CPU platform.  The hardware questions vLLM asks -- GPU name, memory,
 compute capability, whether CUDA graphs exist, whether Triton is there -- are answered with
-the target's (``cachebake.plan.gpu_target``); CUDA's own config hook changes nothing a kernel
+the target's (``cachebake.vllm.kernels.plan.gpu_target``); CUDA's own config hook changes nothing a kernel
 sees (it picks the worker class), so the CPU platform's, which would turn graphs and Model
 Runner V2 off, is skipped.  Binary CUDA extensions are never imported.  ``vllm`` is imported
 inside the functions only.
@@ -212,7 +212,7 @@ def _engine_config(hf_config: dict[str, Any], serve_args: dict[str, Any], model_
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from cachebake.serveargs import BAKE_ONLY, serve_args_to_flags, validate_serve_args
+    from cachebake.vllm.serveargs import BAKE_ONLY, serve_args_to_flags, validate_serve_args
 
     validate_serve_args(serve_args)
     with open(os.path.join(model_dir, "config.json"), "w") as f:

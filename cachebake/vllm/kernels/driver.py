@@ -10,10 +10,10 @@ every pointer-alignment class, prefix-cache checkpoints and hits, speculative de
 one step for every decode class -- the path, int class and selective-state-update launch
 config of a decode-row count -- that any warm-up batch (it depends on the GPU's free KV
 blocks) or decode batch size can reach (``engine_classes``) -- with the engine's own layouts,
-from an *engine plan* (``cachebake.plan``) that vLLM computed for the model, serve args and GPU.
+from an *engine plan* (``cachebake.vllm.kernels.plan``) that vLLM computed for the model, serve args and GPU.
 
 Where the plan comes from (``load_plan``): a file given explicitly; else the stored plan of
-the recipe variant whose serve args are exactly these (``cachebake/recipes/plans/``); else
+the recipe variant whose serve args are exactly these (``cachebake/vllm/kernels/plans/``); else
 computed here when the ``vllm`` package imports.  A GPU builder without vLLM therefore bakes
 any stored combination as is, and anything else from a plan file made elsewhere with
 ``cachebake plan --json``.
@@ -39,8 +39,8 @@ from typing import Any
 
 from cachebake import jsonio
 from cachebake.capture.env import MONITOR_LOG_ENV, STEP_ENV
-from cachebake.drivers.engine_classes import plan_steps
-from cachebake.drivers.engine_steps import Step
+from cachebake.vllm.kernels.engine_classes import plan_steps
+from cachebake.vllm.kernels.engine_steps import Step
 from cachebake.errors import BadInput, Unsupported
 
 RECORD_NAME = "kernels-bake.json"
@@ -48,7 +48,7 @@ RECORD_NAME = "kernels-bake.json"
 
 def resolve_model(model: str, tp: int | None = None, serve_args=None):
     """(recipe, final serve args) as every driver resolves them (``vllm_args.resolve``)."""
-    from cachebake.serveargs import resolve
+    from cachebake.vllm.serveargs import resolve
 
     recipe, args, _ = resolve(model, tp, serve_args=serve_args)
     return recipe, args
@@ -57,7 +57,7 @@ def resolve_model(model: str, tp: int | None = None, serve_args=None):
 def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | None = None,
               gpu: str | None = None) -> tuple[Any, dict[str, Any], str]:
     """(recipe, engine plan, where the plan came from)."""
-    from cachebake.plan import read_plan
+    from cachebake.vllm.kernels.plan import read_plan
 
     recipe, args = resolve_model(model, tp, serve_args)
     if plan:
@@ -65,7 +65,7 @@ def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | No
         check_plan_matches(recipe, found)
         check_plan_serve_args(args, found, plan)
     else:
-        from cachebake.plan.store import plan_file, stored_plan
+        from cachebake.vllm.kernels.plan.store import plan_file, stored_plan
 
         found = stored_plan(recipe, args, gpu)
         source = f"stored {plan_file(recipe.name).name}" if found else ""
@@ -78,8 +78,8 @@ def load_plan(model: str, tp: int | None = None, serve_args=None, plan: str | No
                     f"({json.dumps(args, sort_keys=True)}), and vllm is not installed here to "
                     "compute one: run `cachebake plan --model ... --serve-args ... --json > plan.json` "
                     "where vllm is installed and bake with that plan") from None
-            from cachebake.plan import gpu_target
-            from cachebake.plan.compute import compute_plan
+            from cachebake.vllm.kernels.plan import gpu_target
+            from cachebake.vllm.kernels.plan.compute import compute_plan
 
             found = compute_plan(recipe.hf_config, args, gpu_target(gpu), recipe=recipe.ref)
             source = "computed with vllm"
@@ -91,7 +91,7 @@ def check_plan_serve_args(args: dict[str, Any], plan: dict[str, Any], where: str
     """Refuse a plan file computed for other serve args than the bake's: the bake would cover
     that plan's batches (max_num_seqs, capture sizes, the warm-up batch...) while the artifact
     tells the server to start with these args.  Unset and absent are the same (vLLM's default)."""
-    from cachebake.plan.store import normalized_args
+    from cachebake.vllm.kernels.plan.store import normalized_args
 
     want, got = normalized_args(args), normalized_args(plan.get("serve_args") or {})
     if want != got:
@@ -133,7 +133,7 @@ def run_sweep(model: str = "nemotron-h", tp: int | None = None, *, serve_args=No
     """One round on the current CUDA device: every engine step of the plan, each labeled."""
     import torch
 
-    from cachebake.drivers.mamba2_ops import EngineMixer
+    from cachebake.vllm.kernels.mamba2_ops import EngineMixer
 
     recipe, found, source = load_plan(model, tp, serve_args, plan, gpu)
     mixer = EngineMixer(found)
@@ -171,7 +171,7 @@ def _write_record(record: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cachebake.drivers.kernels",
+    ap = argparse.ArgumentParser(prog="python -m cachebake.vllm.kernels.driver",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="nemotron-h", help="recipe, model directory or config.json")
     ap.add_argument("--tp", type=int, default=None)

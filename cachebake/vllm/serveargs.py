@@ -170,7 +170,7 @@ def resolve(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | s
 # traced source files and the compiler (vllm/compilation/backends.py ``VllmBackend.__call__``;
 # the AOT artifact by the first two and the model's forward: compilation/decorators.py).  The
 # vllm driver records all of it as vLLM computed it in the round (``IDENTITY_KEY`` of the bake
-# section, cachebake.drivers.vllm_identity); what follows turns that record into what a server
+# section, cachebake.vllm.identity); what follows turns that record into what a server
 # must be given, without vLLM, so install, serve-args, k8s and the installer image can use it.
 
 IDENTITY_KEY = "compile_identity"
@@ -230,7 +230,7 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
 
     - ``path_factors``: the compile factors whose values the bake's round found to follow
       HOME/XDG (vLLM's own getters, re-run with other HOME/XDG values:
-      cachebake.drivers.vllm_identity), e.g. vLLM 0.24's VLLM_CONFIG_ROOT and
+      cachebake.vllm.identity), e.g. vLLM 0.24's VLLM_CONFIG_ROOT and
       VLLM_XLA_CACHE_PATH, exported with the values the bake hashed; vLLM 0.33 stopped hashing
       them, and its bakes record none;
     - ``model.hf_hub_cache``: a hub id that vLLM resolved, offline, to a snapshot under this

@@ -13,17 +13,17 @@ import pytest
 from click.testing import CliRunner
 
 from cachebake.cli import main
-from cachebake.drivers.vllm_engine import (OFFLINE_ENV, bake_environment, bake_record,
+from cachebake.vllm.engine import (OFFLINE_ENV, bake_environment, bake_record,
                                            engine_kwargs, generate_at_once, run_round,
                                            write_model_dir)
-from cachebake.drivers.vllm_plan import (SAMPLING_KINDS, TOPP_KERNEL_ROWS, EngineLimits,
+from cachebake.vllm.request_plan import (SAMPLING_KINDS, TOPP_KERNEL_ROWS, EngineLimits,
                                          decode_sizes, default_capture_sizes,
                                          limits_from_serve_args, plan_digest, plan_requests,
                                          token_ids)
 from cachebake.errors import BadInput, CommandFailed, ExitCode
 from cachebake.recipes import list_recipes, load_recipe
 from cachebake.serve.command import serve_command
-from cachebake.serveargs import parse_serve_args, serve_args_to_flags, validate_serve_args
+from cachebake.vllm.serveargs import parse_serve_args, serve_args_to_flags, validate_serve_args
 
 RECIPES = list_recipes()
 
@@ -250,7 +250,7 @@ def test_cli_serve_args_from_a_real_artifact(triton_cache, tmp_path):
 def test_serve_command_from_the_builds_driver_record():
     """`cachebake build --driver vllm` records the driver (model, tp, serve args) and the env;
     the rest is resolved the way the driver resolved it."""
-    bake = {"driver": "vllm", "function": "cachebake.drivers.vllm_engine:run_warmup",
+    bake = {"driver": "vllm", "function": "cachebake.vllm.engine:run_warmup",
             "model": "nemotron-h:47b", "tp": 8, "serve_args": {"max_num_seqs": 64},
             "env": {"root": "/var/cache/cachebake", "roles": ["triton", "vllm"],
                     "invalidating_env_vars": {"TRITON_DEFAULT_FP_FUSION": "0"}}}
@@ -292,7 +292,7 @@ def test_round_without_vllm_fails_with_the_childs_error(tmp_path):
 
 
 def test_prepare_merges_recipe_serve_args_tp_and_model_dir(tmp_path):
-    from cachebake.drivers.vllm_engine import prepare
+    from cachebake.vllm.engine import prepare
 
     recipe, args, mdir = prepare("nemotron-h:47b", 8, serve_args="--max-num-seqs 64 --enable-prefix-caching",
                                  model_dir=str(tmp_path / "m47"))

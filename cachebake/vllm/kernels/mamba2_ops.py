@@ -18,8 +18,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cachebake.drivers.engine_steps import Step
-from cachebake.drivers.mamba_metadata import IntView, MambaMetadata, build_metadata
+from cachebake.vllm.kernels.engine_steps import Step
+from cachebake.vllm.kernels.mamba_metadata import IntView, MambaMetadata, build_metadata
 
 # State blocks the driver allocates: block ids only have to address existing slots (they
 # never enter a kernel key), so steps reuse a small pool; num_cache_lines stays > 1.

@@ -10,7 +10,7 @@ caching switches the block table to one column per block; speculative decoding w
 conv state and the decode rows; CUDA-graph capture sizes decide which batches run eagerly.
 
 An *engine plan* is the result of that derivation, computed by vLLM itself
-(``cachebake.plan.compute``, which needs the ``vllm`` package but no GPU) and stored as JSON
+(``cachebake.vllm.kernels.plan.compute``, which needs the ``vllm`` package but no GPU) and stored as JSON
 (per recipe variant beside the recipes, and in each bake's record), so that a GPU builder
 with only torch and vLLM's Mamba2 ops bakes exactly what the engine launches.  Everything in
 this module is pure data: no vllm, no torch.

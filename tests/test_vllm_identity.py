@@ -1,4 +1,4 @@
-"""vLLM's torch.compile identity as the vllm driver records it (cachebake.drivers.vllm_identity).
+"""vLLM's torch.compile identity as the vllm driver records it (cachebake.vllm.identity).
 
 Without vLLM: the hash formulas against a real bake's files (tests/data's H200 excerpt: vLLM
 0.24's own cache_key_factors.json, the backend dir and the AOT dir it named), the recorded
@@ -9,7 +9,7 @@ vLLM's backend and Inductor on CPU, each run a fresh process: the probe sees the
 load, and the miss another HOME causes, and the variables serve-args exports make it load again;
 the identity of the nemotron-h recipe's engine config and ``verify --check-only``'s verdicts.
 
-    CACHEBAKE_VLLM_PYTHON=/tmp/venv-vllm/bin/python python -m pytest -m vllm tests/test_drivers_vllm_identity.py
+    CACHEBAKE_VLLM_PYTHON=/tmp/venv-vllm/bin/python python -m pytest -m vllm tests/test_vllm_identity.py
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from test_artifact_torch_paths import excerpt
-from cachebake.drivers import vllm_identity as vi
-from cachebake.drivers.vllm_engine import config_bytes, place_hub_config, write_model_dir
+from cachebake.vllm import identity as vi
+from cachebake.vllm.engine import config_bytes, place_hub_config, write_model_dir
 from cachebake.errors import BadInput
 from cachebake.recipes import load_recipe
-from cachebake.serveargs import model_reference
+from cachebake.vllm.serveargs import model_reference
 
 FACTORS = "vllm/torch_compile_cache/b5f17cf9b9/rank_0_0/backbone/cache_key_factors.json"
 AOT_DIR = "a81caeba2363250f00754b85433a6af692f9977a61d73995655567320d0b0d0c"
@@ -215,7 +215,7 @@ def kit(*args, env: dict | None = None, home: str = "/tmp") -> object:
 
 @needs_vllm
 def test_probe_sees_the_load_and_the_miss_another_home_causes(tmp_path):
-    from cachebake.serveargs import identity_serve_env
+    from cachebake.vllm.serveargs import identity_serve_env
 
     root = tmp_path / "vllm-cache"
     (tmp_path / "home-a").mkdir()
@@ -262,7 +262,7 @@ def test_identity_of_a_recipe_and_the_check_before_start(tmp_path):
     assert len(json.dumps(ident)) < 256 << 10
     bake = tmp_path / "bake.json"
     bake.write_text(json.dumps(got["bake"]))
-    from cachebake.serveargs import identity_serve_env
+    from cachebake.vllm.serveargs import identity_serve_env
 
     exported = identity_serve_env(got["bake"])
     mdir = str(tmp_path / "models" / "nemotron-h-8b")

@@ -1,13 +1,13 @@
 """Engine plans and the kernels driver against the real vLLM 0.33 (CPU is enough).
 
-* every stored plan (cachebake/recipes/plans/) equals what vLLM computes now, for every
+* every stored plan (cachebake/vllm/kernels/plans/) equals what vLLM computes now, for every
   recipe variant at TP 1/2/4/8, with and without speculative decoding and prefix caching;
   every stored refusal is still refused;
 * the kernels driver's op calls equal, argument for argument (dtype, shape, strides, 16-byte
   alignment, integer values), the calls vLLM's own MambaMixer2 makes when vLLM's own metadata
   builder is fed the same engine steps (bench/engine_check/reference.py records them).
 
-Run with the vllm venv:  PYTHONPATH=$PWD /work/venv-vllm/bin/python -m pytest -m vllm tests/test_plan_vllm.py
+Run with the vllm venv:  PYTHONPATH=$PWD /work/venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_kernels_plan_vllm.py
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ vllm = pytest.importorskip("vllm", reason="the real vllm package is not installe
 torch = pytest.importorskip("torch")
 
 from cachebake.errors import CachebakeError  # noqa: E402
-from cachebake.plan.store import combinations, compute_variant, load_store  # noqa: E402
+from cachebake.vllm.kernels.plan.store import combinations, compute_variant, load_store  # noqa: E402
 from cachebake.recipes import list_recipes, load_recipe  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "engine_check"))
@@ -37,7 +37,7 @@ FAMILIES = sorted({r.name for r in list_recipes()})
 @pytest.mark.parametrize("family", FAMILIES)
 def test_stored_plans_equal_vllms_computation(family):
     store = load_store(family)
-    assert store is not None, f"no stored plans for {family}: python -m cachebake.plan.store {family}"
+    assert store is not None, f"no stored plans for {family}: python -m cachebake.vllm.kernels.plan.store {family}"
     for recipe in (r for r in list_recipes() if r.name == family):
         stored = store["variants"][recipe.variant]
         assert sorted(stored) == sorted(name for name, _ in combinations(recipe))
@@ -52,8 +52,8 @@ def test_stored_plans_equal_vllms_computation(family):
 
 def test_refusals_are_vllms():
     """A refused combination is vLLM's refusal, one line, with a documented exit code."""
-    from cachebake.plan import gpu_target
-    from cachebake.plan.compute import compute_plan
+    from cachebake.vllm.kernels.plan import gpu_target
+    from cachebake.vllm.kernels.plan.compute import compute_plan
 
     r = load_recipe("zamba2")
     with pytest.raises(CachebakeError, match="tensor parallel world size does not divide") as e:
@@ -89,7 +89,7 @@ class _DriverRecording:
     def __init__(self, plan):
         from reference import RECORDED_OPS, Recorder
 
-        from cachebake.drivers.mamba2_ops import EngineMixer
+        from cachebake.vllm.kernels.mamba2_ops import EngineMixer
 
         self.calls: list[dict] = []
         self.mixer = EngineMixer(plan, device="cpu", random_inputs=False)
@@ -115,7 +115,7 @@ class _DriverRecording:
 
 @pytest.mark.parametrize("ref_name,key", DRIVER_CASES, ids=[f"{r}/{k}" for r, k in DRIVER_CASES])
 def test_driver_calls_equal_vllms(ref_name, key):
-    from cachebake.drivers.engine_classes import plan_steps
+    from cachebake.vllm.kernels.engine_classes import plan_steps
 
     recipe = load_recipe(ref_name)
     plan = load_store(recipe.name)["variants"][recipe.variant][key]["plan"]
@@ -146,7 +146,7 @@ def test_reachable_steps_calls_equal_vllms(key):
     bench/engine_check/reachable_keys.py checks against the sweep's) are steps vLLM's own
     builder and mixer turn into the same calls: a spread sample of ~150, the largest decode-only
     and mixed batches and the largest warm-up batch included."""
-    from cachebake.drivers.engine_classes import reachable_steps
+    from cachebake.vllm.kernels.engine_classes import reachable_steps
 
     recipe = load_recipe("nemotron-h:8b")
     plan = load_store(recipe.name)["variants"][recipe.variant][key]["plan"]
@@ -171,8 +171,8 @@ def test_batch_defaults_are_the_targets():
     machine computing the plan; the platform is the CPU one again afterwards."""
     from vllm.platforms import current_platform
 
-    from cachebake.plan import gpu_target
-    from cachebake.plan.compute import compute_plan
+    from cachebake.vllm.kernels.plan import gpu_target
+    from cachebake.vllm.kernels.plan.compute import compute_plan
 
     r = load_recipe("nemotron-h:8b")
     args = {k: v for k, v in r.serve_args.items() if k not in ("max_num_seqs", "max_num_batched_tokens")}
@@ -188,8 +188,8 @@ def test_the_checks_default_seqs_plan_is_vllms():
     computes for Nemotron-H 8B on an H200 (vLLM's own default, 1024 sequences)."""
     import json
 
-    from cachebake.plan import gpu_target
-    from cachebake.plan.compute import compute_plan
+    from cachebake.vllm.kernels.plan import gpu_target
+    from cachebake.vllm.kernels.plan.compute import compute_plan
 
     path = Path(__file__).resolve().parent.parent / "bench/engine_check/plans/nemotron-h-8b-max-num-seqs-default.json"
     stored = json.loads(path.read_text())["plan"]

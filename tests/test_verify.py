@@ -9,7 +9,7 @@ import servekit
 from click.testing import CliRunner
 
 from cachebake.bake.rounds import run_rounds
-from cachebake.bake.verify import verify
+from cachebake.verify import verify
 from cachebake.capture.env import bake_env
 from cachebake.cli import main
 from cachebake.drivers.command import CommandDriver

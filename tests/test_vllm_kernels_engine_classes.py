@@ -1,4 +1,4 @@
-"""The kernels driver's sweep as specialization classes (cachebake/drivers/engine_classes.py).
+"""The kernels driver's sweep as specialization classes (cachebake/vllm/kernels/engine_classes.py).
 
 The pure half (no torch, no vllm): Triton's int rule against Triton's own binder, the decode
 batches each path can get on any GPU, one step per class.  The proof (slow, needs torch and
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from cachebake.drivers.engine_classes import (PERSISTENT, TABLE, DecodeClass, class_step,
+from cachebake.vllm.kernels.engine_classes import (PERSISTENT, TABLE, DecodeClass, class_step,
                                               decode_batches, decode_classes, int_class,
                                               plan_steps, reachable_steps, step_decode_class,
                                               warmup_batch_cap)
-from cachebake.drivers.kernels import load_plan
-from cachebake.drivers.mamba_metadata import build_metadata
-from cachebake.plan.store import load_store, stored_plan
+from cachebake.vllm.kernels.driver import load_plan
+from cachebake.vllm.kernels.mamba_metadata import build_metadata
+from cachebake.vllm.kernels.plan.store import load_store, stored_plan
 from cachebake.recipes import list_recipes, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
 uid, VLLM_* variables and vLLM install), with the model string and the ``vllm serve`` flags the
 server will get.  It imports vLLM but starts no engine and needs no GPU, and recomputes with
 vLLM's own code what the server's vLLM will hash (the parts are
-cachebake.drivers.vllm_identity's):
+cachebake.vllm.identity's):
 
 - the environment: ``envs.compile_factors()`` here, factor by factor against the bake's;
 - the model string and the engine arguments: ``EngineArgs(model=..., **flags)`` as vLLM
@@ -33,9 +33,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachebake.drivers import vllm_identity as vi
+from cachebake.vllm import identity as vi
 from cachebake.errors import BadInput, PreflightMismatch
-from cachebake.serveargs import (BAKE_ONLY, DRIVER_OWNED, IDENTITY_KEY, parse_serve_args,
+from cachebake.vllm.serveargs import (BAKE_ONLY, DRIVER_OWNED, IDENTITY_KEY, parse_serve_args,
                                  serve_args_to_flags)
 
 # What a miss costs (shared/FACTS.md, "vLLM's torch.compile cache key": vLLM 0.24, Nemotron-H
@@ -259,7 +259,7 @@ def _config_sha256(model_dir: str) -> str | None:
     """The sha256 the bake records for its config.json (vllm_engine.config_bytes), of the
     config.json the server's vLLM will parse; None where the check cannot see it."""
     from cachebake import jsonio
-    from cachebake.drivers.vllm_engine import config_bytes
+    from cachebake.vllm.engine import config_bytes
     from cachebake.errors import CachebakeError
 
     path = os.path.join(model_dir, "config.json")

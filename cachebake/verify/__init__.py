@@ -6,12 +6,12 @@ same variables install uses (``capture.env.bake_env`` -> ``roles.serving_env``),
 process, and the compile monitor on.  Any real compile, autotune benchmark or helper build
 means the bake missed something (another shape, another path, another env): verify lists each
 one and fails with ``CompilesSeen``.  With ``--driver vllm`` so does a round whose torch.compile
-did not load the baked artifact (the probe's record, cachebake.drivers.vllm_identity, or vLLM's
+did not load the baked artifact (the probe's record, cachebake.vllm.identity, or vLLM's
 own log lines): Dynamo and Inductor running again is a miss even when every Triton kernel hits.
 
 ``check_only`` (``verify --check-only``) runs no round: it asks, in the serving environment and
 without a GPU, whether vLLM would compute the bake's torch.compile hashes for the server's
-model string and flags (cachebake.serve.compile_check).
+model string and flags (cachebake.vllm.compile_check).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from cachebake.bake.rounds import (Driver, RoundProgress, RoundReport, check_rou
                                    work_events)
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
-from cachebake.drivers.vllm_identity import outcome_from_log, outcome_problem
+from cachebake.vllm.identity import outcome_from_log, outcome_problem
 from cachebake.errors import BadInput, CompilesSeen, Interrupted
 from cachebake.install.atomic import InstallDir
 from cachebake.roles import overlay_env
@@ -170,7 +170,7 @@ def check_only(cache: os.PathLike | str, *, artifact: str | None = None, target:
     comes from ``artifact``'s manifest, else from what vLLM wrote into the installed tree.
     Returns the report (``.check()`` raises PreflightMismatch)."""
     from cachebake.roles import role_dir
-    from cachebake.serve import compile_check
+    from cachebake.vllm import compile_check
 
     cache = os.path.abspath(os.fspath(cache))
     vllm_root = role_dir(cache, "vllm")

@@ -1,6 +1,6 @@
 """The kernels driver on CPU: engine steps and their metadata from every stored engine plan.
 
-The GPU half (mamba2_ops) is exercised against vLLM's own layer in tests/test_plan_vllm.py
+The GPU half (mamba2_ops) is exercised against vLLM's own layer in tests/test_vllm_kernels_plan_vllm.py
 and on a GPU by bench/gpu_engine_proof.sh; these need neither torch nor vllm."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from cachebake.capture.env import STEP_ENV
-from cachebake.drivers.engine_classes import plan_steps
-from cachebake.drivers.engine_steps import Row, Step, alignment_periods, decode_shapes
-from cachebake.drivers.kernels import check_plan_matches
-from cachebake.drivers.mamba_metadata import build_metadata, chunk_metadata
+from cachebake.vllm.kernels.engine_classes import plan_steps
+from cachebake.vllm.kernels.engine_steps import Row, Step, alignment_periods, decode_shapes
+from cachebake.vllm.kernels.driver import check_plan_matches
+from cachebake.vllm.kernels.mamba_metadata import build_metadata, chunk_metadata
 from cachebake.errors import BadInput, ExitCode, UsageError
-from cachebake.plan.store import load_store, stored_plan
+from cachebake.vllm.kernels.plan.store import load_store, stored_plan
 from cachebake.recipes import list_recipes, load_recipe
 
 NO_TORCH = "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
@@ -37,7 +37,7 @@ def _default(ref: str):
 
 
 def _run(*args, code: str = NO_TORCH):
-    return subprocess.run([sys.executable, "-c", code + "from cachebake.drivers.kernels import main; "
+    return subprocess.run([sys.executable, "-c", code + "from cachebake.vllm.kernels.driver import main; "
                            "sys.exit(main(sys.argv[1:]))", *args], capture_output=True, text=True)
 
 
@@ -169,7 +169,7 @@ def test_step_label_env_name():
 def test_a_plan_file_reaches_the_driver(tmp_path):
     import json
 
-    from cachebake.drivers.kernels import load_plan
+    from cachebake.vllm.kernels.driver import load_plan
     from cachebake.drivers.registry import make_driver
 
     path = tmp_path / "plan.json"

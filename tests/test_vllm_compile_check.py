@@ -1,13 +1,13 @@
 """Before the server starts: the bake's torch.compile identity travels (serve-args, the
 installer entrypoint), ``verify --check-only`` names what differs, ``verify --driver vllm``
-fails when torch.compile did not load (cachebake.serve.compile_check, bake.verify).
+fails when torch.compile did not load (cachebake.vllm.compile_check, bake.verify).
 
 The identity here is a real bake's where it can be: tests/data's excerpt of the H200 bake
 (vLLM 0.24.0) holds vLLM's own cache_key_factors.json; its HOME-derived factors
 (VLLM_CONFIG_ROOT, VLLM_XLA_CACHE_PATH: vllm/envs.py) and the two variables its round set
 (CUDA_HOME, VLLM_USE_FLASHINFER_SAMPLER: their values differ from vLLM's defaults) are what a
 round of today's driver records for them (the vllm-marked tests in
-tests/test_drivers_vllm_identity.py derive such records with real vLLM).  The server side of a
+tests/test_vllm_identity.py derive such records with real vLLM).  The server side of a
 comparison needs vLLM; ``compare`` takes its values as data, so the verdicts are tested here
 without it, and with it under the ``vllm`` marker.
 """
@@ -27,15 +27,15 @@ from installkit import REPO, cli, env_with
 from test_artifact_torch_paths import excerpt
 from test_install_relocate_vllm import bake as pack_bake, triton_cache  # noqa: F401 (fixture)
 from cachebake.bake.rounds import RoundReport
-from cachebake.bake.verify import VerifyReport
+from cachebake.verify import VerifyReport
 from cachebake.capture.events import EventSummary
-from cachebake.drivers import vllm_identity as vi
-from cachebake.drivers.vllm_engine import bake_record
+from cachebake.vllm import identity as vi
+from cachebake.vllm.engine import bake_record
 from cachebake.errors import CompilesSeen, ExitCode, InvalidDocument, PreflightMismatch
 from cachebake.recipes import load_recipe
 from cachebake.serve.command import serve_command
-from cachebake.serve.compile_check import COST_AOT, COST_BACKEND, compare, identity_from_tree
-from cachebake.serveargs import identity_serve_env
+from cachebake.vllm.compile_check import COST_AOT, COST_BACKEND, compare, identity_from_tree
+from cachebake.vllm.serveargs import identity_serve_env
 
 FACTORS = "vllm/torch_compile_cache/b5f17cf9b9/rank_0_0/backbone/cache_key_factors.json"
 AOT_DIR = "a81caeba2363250f00754b85433a6af692f9977a61d73995655567320d0b0d0c"
@@ -47,7 +47,7 @@ VLLM_PYTHON = os.environ.get("CACHEBAKE_VLLM_PYTHON", "")
 
 def real_identity(**extra) -> dict:
     doc = json.loads(excerpt()[FACTORS])
-    # vLLM 0.24.0's NemotronHModel.forward, line 592 (tests/test_drivers_vllm_identity.py)
+    # vLLM 0.24.0's NemotronHModel.forward, line 592 (tests/test_vllm_identity.py)
     model_key = hashlib.sha256(b"0.24.0NemotronHModel.forward592").hexdigest()
     ident = {"schema": 1, "vllm_version": "0.24.0", "env_factors": vi.env_factor_values(doc["env"]),
              "env_hash": vi.hash_factors(doc["env"]), "path_factors": dict(PATH_FACTORS),
@@ -321,7 +321,7 @@ def test_check_only_with_real_vllm_on_an_installed_real_bake(tmp_path, triton_ca
 def test_traced_files_a_record_names_are_read_as_files_only(tmp_path):
     """A hostile record naming a device or a FIFO as a traced file: read as unreadable (vLLM's
     own fallback for a file it cannot read), never blocking or endless."""
-    from cachebake.serve.compile_check import _traced_here
+    from cachebake.vllm.compile_check import _traced_here
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -389,7 +389,7 @@ def test_the_checks_compiler_factors_are_the_engines(real_bake):
     _, manifest = real_bake
     bake = manifest.bake.to_json()
     recorded = bake["compile_identity"]["compiler_factors"]["functorch_config"]
-    code = ("import json, torch; from cachebake.drivers import vllm_identity as vi; "
+    code = ("import json, torch; from cachebake.vllm import identity as vi; "
             "print(json.dumps([torch.__version__, vi.compiler_factors(aot_compile=True)['functorch_config'], "
             "vi.compiler_factors()['functorch_config']]))")
     r = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
