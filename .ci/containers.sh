@@ -119,7 +119,7 @@ mkdir -p "$ROOTFS/opt/wheels" "$WORK/serving"
 python3 -m pip wheel -q --no-deps -w "$ROOTFS/opt/wheels" .
 PLATFORM="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 python3 -m pip download -q --only-binary=:all: --python-version "$PYV" --implementation cp $PLATFORM \
-  -d "$ROOTFS/opt/wheels" click zstandard rich
+  -d "$ROOTFS/opt/wheels" click zstandard rich cryptography
 python3 -m pip download -q --only-binary=:all: --no-deps --python-version "$PYV" --implementation cp \
   $PLATFORM -d "$WORK/serving" "$TRITON"
 

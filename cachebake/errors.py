@@ -47,6 +47,7 @@ class ExitCode(enum.IntEnum):
     NOT_STABLE = 10  # build: still compiling after --max-rounds
     LOCKED = 11  # install: could not take the install lock in time
     STALLED = 12  # install docker://...: the registry stopped sending (--stall-timeout)
+    SIGNATURE = 13  # install --verify-key: no signature by a trusted key over the image's digest
     INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, as shells report it
 
 
@@ -162,6 +163,12 @@ class Stalled(CachebakeError):
     bad input, because a retry later may well succeed."""
 
     code = ExitCode.STALLED
+
+
+class SignatureRefused(CachebakeError):
+    """``install --verify-key``: the image is unsigned, or no signature verifies with a trusted key."""
+
+    code = ExitCode.SIGNATURE
 
 
 class Interrupted(CachebakeError):

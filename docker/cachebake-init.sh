@@ -29,6 +29,8 @@ if [ "${CACHEBAKE_SYNC:-0}" != 1 ]; then set -- "$@" --no-sync; fi
 if [ -n "${CACHEBAKE_SERVE_AT:-}" ]; then set -- "$@" --serve-at "$CACHEBAKE_SERVE_AT"; fi
 if [ -n "${CACHEBAKE_TARGET:-}" ]; then set -- "$@" --target "$CACHEBAKE_TARGET"; fi
 if [ -n "${CACHEBAKE_FINGERPRINT:-}" ]; then set -- "$@" --fingerprint "$CACHEBAKE_FINGERPRINT"; fi
+# CACHEBAKE_VERIFY_KEY: a PEM public key (the text, or a file): the image must carry its signature (exit 13)
+if [ -n "${CACHEBAKE_VERIFY_KEY:-}" ]; then set -- "$@" --verify-key "$CACHEBAKE_VERIFY_KEY"; fi
 env_file="$dir/cachebake-serve.env"
 if [ -e "$CACHEBAKE_ARTIFACT" ]; then
     cachebake "$@"

@@ -15,10 +15,15 @@ _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def _usages() -> list[str]:
-    """The `cachebake ...` code spans of the first cells of README's Commands table."""
-    section = README.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    """The `cachebake ...` code spans of the first cells of README's Commands table, and of the
+    Commands tables of docs/*.md (the pages README is being split into: docs/trust.md)."""
+    sections = [README.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]]
+    for page in sorted((REPO / "docs").glob("*.md")):
+        text = page.read_text()
+        if "\n## Commands\n" in text:
+            sections.append(text.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0])
     spans = []
-    for row in section.splitlines():
+    for row in "\n".join(sections).splitlines():
         if row.startswith("| `cachebake "):
             spans += [s for s in re.findall(r"`([^`]*)`", row.split(" | ", 1)[0])
                       if s.split()[:1] == ["cachebake"] and len(s.split()) > 1]

@@ -9,7 +9,7 @@ envelope for scripts (``output``); option values are converted and refused at pa
 
 try:
     from cachebake.cli import (artifact, bake, distribute, install, recipes, replay,  # noqa: F401,E402
-                               serve)
+                               serve, sign)
     from cachebake.cli.app import main
 except KeyboardInterrupt:  # Ctrl-C while the command line is still being imported: one line
     from cachebake.errors import ExitCode, Interrupted, print_error

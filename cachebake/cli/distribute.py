@@ -35,16 +35,27 @@ def image_cmd(artifact, tag, target, root, push, as_json):
               help="Require HTTPS (default: yes, except loopback registries).")
 @click.option("--authfile", type=click.Path(dir_okay=False),
               help="Registry credentials (docker config.json format; default: skopeo's search).")
+@click.option("--sign-key", type=click.Path(dir_okay=False),
+              help="Sign each pushed image with this key (PEM, ECDSA P-256), as `cachebake sign`.")
 @JSON_OPTION
-def push(artifact, reference, target, tls_verify, authfile, as_json):
+def push(artifact, reference, target, tls_verify, authfile, sign_key, as_json):
     """Push an artifact's bakes to a registry.
 
     REFERENCE is docker://HOST/REPO[:TAG] (no tag: one
     tag per GPU target, e.g. :sm_90)."""
     from cachebake.distribute.registry import RegistryOptions, push_artifact
 
-    report = push_artifact(artifact, reference, target=target,
-                           options=RegistryOptions(tls_verify, authfile))
+    options = RegistryOptions(tls_verify, authfile)
+    if sign_key:  # a bad key fails before anything is pushed
+        from cachebake.distribute.keys import load_private_key
+
+        load_private_key(sign_key)
+    report = push_artifact(artifact, reference, target=target, options=options)
+    if sign_key:
+        from cachebake.distribute.sign import sign_reference
+
+        # by the digest pushed: what is signed is what was pushed, whatever the tag says now
+        report.signed = [sign_reference(p.pinned, sign_key, options).to_dict() for p in report.pushed]
     output(as_json).emit(report)
 
 
@@ -89,11 +100,14 @@ def push(artifact, reference, target, tls_verify, authfile, as_json):
                    "(default: from --bake, else 2Gi).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Output format (default: yaml, or json where PyYAML is not installed).")
+@click.option("--verify-key", "verify_keys", multiple=True,
+              help="init: a trusted public key (PEM file) the installer verifies the bake's "
+                   "signature with before installing (exit 13); image-volume: see k8s-policy.")
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image,
         serving_image_has_cachebake, local_bake, model, model_pvc, model_in_image, name, root, gpus,
-        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, as_json, cmd):
+        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, verify_keys, as_json, cmd):
     """Write Kubernetes manifests that give a server its bake.
 
     An init container filling an emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a
@@ -114,6 +128,14 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
         if pattern == "image-volume" and layer_root and layer_root != root:
             raise BadInput(f"--bake {local_bake} was packed for {layer_root} (its group files name it): "
                            f"the image volume must be mounted there, --root {layer_root}")
+    pems = ()
+    if verify_keys:
+        from cachebake.distribute.keys import load_public_key
+
+        if pattern != "init":
+            raise BadInput("--verify-key: the image-volume pattern has no installer to verify with; "
+                           "admit signed bakes with an admission policy (cachebake k8s-policy)")
+        pems = tuple(load_public_key(k).pem for k in verify_keys)
     command, bake_env, notes = server_command(model, cmd, bake.manifest if bake else None, root=root)
     plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
                    installer_image=installer_image, install_in_serving_image=install_in_serving_image,
@@ -121,7 +143,8 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
                    pull_secret=pull_secret, tls_verify=tls_verify, vllm_role=vllm_role,
                    tmp_size=tmp_size, declared_bytes=bake.declared_bytes if bake else None,
                    model_pvc=model_pvc, model_in_image=model_in_image,
-                   serving_image_has_cachebake=serving_image_has_cachebake, bake_env=bake_env)
+                   serving_image_has_cachebake=serving_image_has_cachebake, bake_env=bake_env,
+                   verify_keys=pems)
     doc, more = manifest(plan)
     notes += more
     if fmt is None:

@@ -9,7 +9,7 @@ import click
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, NON_NEGATIVE_SECONDS, POSITIVE_SECONDS
 from cachebake.distribute.registry import STALL_MIN_BYTES, STALL_TIMEOUT_S
-from cachebake.errors import Interrupted
+from cachebake.errors import BadInput, Interrupted
 
 
 @main.command()
@@ -41,9 +41,16 @@ from cachebake.errors import Interrupted
               help="Flush the new tree to disk before switching to it. --no-sync where DIR dies with a "
                    "crash of its machine or install runs before every start (an init container's "
                    "emptyDir, a Dockerfile RUN): a crash's damage is repaired by the next install.")
+@click.option("--verify-key", "verify_keys", multiple=True,
+              help="ARTIFACT docker://...: a trusted public key (PEM file, or the PEM text); the "
+                   "image's digest must carry its signature before anything is pulled (exit 13). "
+                   "Repeatable: any one is enough.")
+@click.option("--verify-policy", type=click.Path(dir_okay=False),
+              help='ARTIFACT docker://...: trusted keys from a JSON policy file '
+                   '({"keys": [{"name": ..., "pem": ...}]}), as --verify-key.')
 @JSON_OPTION
 def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lock_timeout, overlay,
-            tls_verify, authfile, stall_timeout, check_only, sync, as_json):
+            tls_verify, authfile, stall_timeout, check_only, sync, verify_keys, verify_policy, as_json):
     """Check a bake and install it into DIR, atomically.
 
     Preflight, verify and safely, atomically install ARTIFACT into DIR; idempotent.
@@ -58,9 +65,20 @@ def install(artifact, to, target, fingerprint_file, serve_at, allow_mismatch, lo
         options = dict(target=target, fingerprint_file=fingerprint_file, allow_mismatch=allow_mismatch,
                        serve_at=serve_at, lock_timeout=lock_timeout, overlay=overlay,
                        check_only=check_only, sync=sync)
+        verify = None
+        reg_options = registry.RegistryOptions(tls_verify, authfile, stall_timeout)
+        if verify_keys or verify_policy:
+            from cachebake.distribute.sign import trusted_keys, verify_reference
+
+            if not registry.is_reference(artifact):
+                raise BadInput(f"{artifact}: --verify-key checks a registry image's signatures: "
+                               "install docker://HOST/REPO[:TAG|@DIGEST]")
+            trusted = trusted_keys(verify_keys, verify_policy)
+
+            def verify(reference):
+                return verify_reference(reference, trusted, reg_options)
         if registry.is_reference(artifact):
-            report = registry.install_reference(
-                artifact, to, options=registry.RegistryOptions(tls_verify, authfile, stall_timeout), **options)
+            report = registry.install_reference(artifact, to, options=reg_options, verify=verify, **options)
         else:
             report = install_artifact(artifact, to, **options)
         for line in report.mismatches:

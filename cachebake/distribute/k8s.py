@@ -146,6 +146,7 @@ class PodPlan:
     model_in_image: bool = False  # ...or the serving image has the model at that path
     serving_image_has_cachebake: bool = False  # image-volume: no cachebake-lib copy needed
     bake_env: dict[str, str] = field(default_factory=dict)  # from the bake (serve-args), beside the roles'
+    verify_keys: tuple[str, ...] = ()  # init: PEM public keys the installer verifies the image with
 
 
 def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest: dict | None = None,
@@ -243,6 +244,8 @@ def _install_args(plan: PodPlan, fingerprint: bool) -> list[str]:
         args.append("--tls-verify" if plan.tls_verify else "--no-tls-verify")
     if plan.pull_secret:
         args += ["--authfile", f"{AUTH_DIR}/config.json"]
+    for pem in plan.verify_keys:  # the PEM text itself: a public key is no secret (docs/trust.md)
+        args += ["--verify-key", pem]
     # The emptyDir lives and dies with the Pod, and this container re-runs install at every
     # (re)start of the Pod: a crash's damage is found and repaired then, so no sync.
     return args + ["--no-sync"]

@@ -228,14 +228,21 @@ class PushedImage:
 class PushReport:
     artifact: str
     pushed: list[PushedImage] = field(default_factory=list)
+    signed: list[dict] = field(default_factory=list)  # push --sign-key: each sign report
 
     def to_dict(self) -> dict:
-        return {"artifact": self.artifact, "pushed": [asdict(p) for p in self.pushed]}
+        out = {"artifact": self.artifact, "pushed": [asdict(p) for p in self.pushed]}
+        if self.signed:
+            out["signed"] = self.signed
+        return out
 
     def render(self, console) -> None:
         for p in self.pushed:
             console.print(f"pushed {p.target} to {p.reference}", markup=False, soft_wrap=True)
             console.print(f"  pinned: {p.pinned}", markup=False, soft_wrap=True)
+        for report in self.signed:
+            for s in report["signed"]:
+                console.print(f"  signed {s['digest']} with {report['key']}", markup=False, soft_wrap=True)
 
 
 def _oci_source(layout: Path, ref_name: str) -> str:
@@ -458,12 +465,23 @@ def fetch(reference: str, dest: Path, *, target: str | None = None,
 
 def install_reference(reference: str, to: os.PathLike | str, *, target: str | None = None,
                       fingerprint_file: str | None = None, options: RegistryOptions | None = None,
-                      **install_options):
+                      verify=None, **install_options):
     """``cachebake install docker://...``: fetch into a private temp layout, then install it
-    with cachebake.install (every check of a local install; nothing in DIR before they pass)."""
+    with cachebake.install (every check of a local install; nothing in DIR before they pass).
+    ``verify``: called with the reference (its tag resolved) before anything is pulled
+    (distribute.sign.verify_reference with the trusted keys: it raises SignatureRefused, or
+    returns what it verified); the pull is then pinned to the verified digest and install.json
+    records the digest and the key.  A callable, not an import: sign.py sits above this module."""
     from cachebake.install import install_artifact
 
     ref = parse_reference(reference)  # a bad reference fails before any preflight work
+    signature = None
+    if verify is not None:  # verified before anything is pulled or written; then pulled by that digest
+        if not ref.tag and not ref.digest:
+            ref = ref.with_tag(tag_for(target, fingerprint_file))
+        verified = verify(str(ref))
+        signature = verified.record()
+        reference = f"docker://{ref.name}@{verified.digest}"
     try:
         tmp = Path(tempfile.mkdtemp(prefix="cachebake-pull-"))  # 0700: private until removed
     except OSError as e:
@@ -476,6 +494,6 @@ def install_reference(reference: str, to: os.PathLike | str, *, target: str | No
         # install.json and the report name the reference, not the temp layout removed below
         return install_artifact(layout, to, target=target, fingerprint_file=fingerprint_file,
                                 artifact_name=str(pulled) if not ref.digest else reference,
-                                **install_options)
+                                **({"signature": signature} if signature else {}), **install_options)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

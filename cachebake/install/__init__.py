@@ -71,6 +71,7 @@ class InstallReport:
     relocated: dict[str, int] = field(default_factory=dict)  # role -> files rewritten for serve_at
     left_out: dict[str, str] = field(default_factory=dict)  # role -> why it was not installed
     warnings: list[str] = field(default_factory=list)
+    signature: dict[str, str] = field(default_factory=dict)  # --verify-key: digest, key, form verified
     cleaned: list[str] = field(default_factory=list)
     damage: list[str] = field(default_factory=list)  # what a repair found wrong (first 20)
     mismatches: list[str] = field(default_factory=list)
@@ -87,7 +88,8 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
                      lock_timeout: float = LOCK_TIMEOUT_S, check_only: bool = False,
                      overlay: str | os.PathLike | None = None,
                      artifact_name: str | None = None, sync: bool = True,
-                     checkpoint: Callable[[str], None] = atomic.no_checkpoint) -> InstallReport:
+                     checkpoint: Callable[[str], None] = atomic.no_checkpoint,
+                     signature: dict[str, str] | None = None) -> InstallReport:
     """``overlay``: a writable dir in the server (emptyDir, /tmp) for what the bake misses; the
     env then turns on the layered cache manager and its miss log (cachebake.serve).
     ``artifact_name``: what the report and install.json call the artifact when ``artifact`` is
@@ -98,7 +100,9 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     left empty) is what the next install's tree check repairs, and the sync is ~30 ms of an
     install on a fast disk, more on a node whose other tenants left writeback pending.
     ``checkpoint``: called with the name of each step of the extraction and the switch (the
-    crash tests kill the process at the n-th call: tests/installkit.py)."""
+    crash tests kill the process at the n-th call: tests/installkit.py).
+    ``signature``: the verified digest and key (distribute.sign's record), for install.json;
+    an install whose marker records another one is not "already installed"."""
     dest = atomic.InstallDir(to, sync=sync, checkpoint=checkpoint)
     try:
         # Ctrl-C at a step, where what was left is known (errors.DeferredInterrupt); a check
@@ -107,7 +111,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
             return _install(artifact, dest, target=target, fingerprint_file=fingerprint_file,
                             allow_mismatch=allow_mismatch, serve_at=serve_at, lock_timeout=lock_timeout,
                             check_only=check_only, overlay=overlay,
-                            artifact_name=artifact_name or os.fspath(artifact))
+                            artifact_name=artifact_name or os.fspath(artifact), signature=signature)
     except KeyboardInterrupt:
         raise Interrupted(_what_was_left(dest)) from None
     except OSError as e:
@@ -138,12 +142,14 @@ class _Plan:
     limits: extract.LayerLimits
     serve_root: str
     started: float
+    signature: dict[str, str] | None = None
 
     def ours(self, marker: InstallMarker | None) -> bool:
         """Whether ``marker`` records this very bake, for this serving path, with these roles."""
         return marker is not None and marker.layer_digest == self.bake.layer_digest \
             and marker.serve_at == self.serve_root \
-            and sorted([*marker.roles, *marker.left_out]) == sorted(self.bake.manifest.roles)
+            and sorted([*marker.roles, *marker.left_out]) == sorted(self.bake.manifest.roles) \
+            and (not self.signature or dict(marker.signature) == self.signature)
 
     def relocation(self) -> tuple[relocate_vllm.RoleRelocation, extract.Transform]:
         """A fresh relocation for one pass over the layer (it records what it finds)."""
@@ -170,7 +176,7 @@ class _Plan:
 
 
 def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_mismatch, serve_at,
-          overlay, artifact_name) -> _Plan:
+          overlay, artifact_name, signature=None) -> _Plan:
     """Steps 1-3 of the module doc: the artifact read and checked, the preflight, DIR usable."""
     started = time.monotonic()
     source = open_source(os.fspath(artifact))
@@ -188,14 +194,14 @@ def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_
         status="installed", artifact=artifact_name, target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
         serve_at=serve_root, roles=roles, env={**serving_env(serve_root, roles), **identity},
-        identity_env=identity, mismatches=mismatches, synced=dest.sync)
+        identity_env=identity, mismatches=mismatches, synced=dest.sync, signature=dict(signature or {}))
     if overlay is not None:
         report.env.update(runtime_env(overlay, serve_root, roles))
     dest.check_usable(roles)
     # the longest path an entry lands at: DIR/.cachebake/versions/<digest12>-<rand8>/<entry>
     version_root = str(dest.state / "versions" / ("0" * 21))
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (version_root, serve_root))
-    return _Plan(source, bake, report, limits, serve_root, started)
+    return _Plan(source, bake, report, limits, serve_root, started, signature)
 
 
 def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **options) -> InstallReport:
@@ -234,7 +240,8 @@ def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **o
             serve_at=plan.serve_root, artifact=report.artifact,
             installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             groups_relocated=report.groups_relocated, relocated=report.relocated,
-            left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory))
+            left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory,
+            signature=dict(plan.signature or {})))
     report.cleaned = tx.cleaned
     return plan.done(report.status, dest, version)
 

@@ -52,12 +52,15 @@ class InstallMarker:
     # the seal: install.json's own ctime at creation, after the last file (module doc); 0 until
     # the marker is written (InstallDir's commit sets it)
     sealed_ctime_ns: int = 0
+    # install --verify-key: {"digest", "key", "form"}: the manifest digest verified and the
+    # fingerprint (sha256 of the DER public key) of the key that verified it; {} unverified
+    signature: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("roles", "dirs"):
             doc[key] = list(doc[key])
-        for key in ("relocated", "left_out", "files"):
+        for key in ("relocated", "left_out", "files", "signature"):
             doc[key] = dict(doc[key])
         return doc
 
@@ -76,6 +79,7 @@ class InstallMarker:
         for role, n in relocated.items():
             c.integer(n, f"relocated.{role}")
         left_out = c.str_map(doc.get("left_out", {}), "left_out")
+        signature = c.str_map(doc.get("signature", {}), "signature")
         for role in left_out:  # serve-args prints the reasons, keyed by role
             if role not in ROLE_ENV:
                 c.fail("left_out", f"{role!r}"[:80] + " is not a cache role: must map known cache roles to reasons")
@@ -92,6 +96,7 @@ class InstallMarker:
             dirs=tuple(dirs),
             files=dict(files),
             sealed_ctime_ns=c.integer(c.get(doc, "sealed_ctime_ns", ""), "sealed_ctime_ns", hi=1 << 64),
+            signature=dict(signature),
         )
 
 
