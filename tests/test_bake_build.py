@@ -16,7 +16,7 @@ from test_bake_rounds import runs, warmup_cmd
 from cachebake.bake.build import preflight
 from cachebake.cli import main
 from cachebake.drivers.command import CommandDriver
-from cachebake.drivers.registry import DRIVER_FUNCTIONS, DRIVER_NEEDS
+from cachebake.drivers.registry import DRIVERS, DriverSpec
 from cachebake.errors import BadInput, ExitCode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -203,10 +203,9 @@ def test_the_bake_target_is_the_visible_gpu_unless_a_cross_target_is_asked(tmp_p
     from test_gpu import _fake_nvidia_smi
 
     _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA H200, 9.0")
-    monkeypatch.setitem(DRIVER_NEEDS, "kernels", ("gpu",))
     from cachebake.drivers.registry import InProcessDriver
 
-    drv = InProcessDriver("kernels", "aot:compile_round", {})
+    drv = InProcessDriver(DriverSpec("kernels", "aot:compile_round", ("gpu",), "kernels-bake.json"), {})
     assert preflight(drv, out=tmp_path / "a", root=tmp_path / "r").target == "cuda:90"
     # another target than the visible GPU's is a cross-target bake (cachebake.bake.seed)
     assert preflight(drv, out=tmp_path / "a", root=tmp_path / "r", target="cuda:120").target == "cuda:120"
@@ -241,7 +240,7 @@ def test_the_main_command_on_a_machine_without_a_gpu(tmp_path):
 
 def test_cli_build_with_a_driver_function(tmp_path, monkeypatch):
     """--driver NAME runs NAME's run function once per round, in a fresh process.  (No GPU
-    here: the test driver needs none, so DRIVER_NEEDS says so.)"""
+    here: the test driver needs none, so its DriverSpec says so.)"""
     (tmp_path / "fake_driver.py").write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport aot\n"
         "from cachebake.capture import monitor\n"
@@ -253,8 +252,7 @@ def test_cli_build_with_a_driver_function(tmp_path, monkeypatch):
         "    (log.parent / 'kernels-bake.json').write_text(json.dumps({'engine_steps': ['a', 'b']}))\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for the rounds
     monkeypatch.syspath_prepend(str(tmp_path))  # for the availability check here
-    monkeypatch.setitem(DRIVER_FUNCTIONS, "kernels", "fake_driver:run_sweep")
-    monkeypatch.setitem(DRIVER_NEEDS, "kernels", ())
+    monkeypatch.setitem(DRIVERS, "kernels", DriverSpec("kernels", "fake_driver:run_sweep", (), "kernels-bake.json"))
     out = tmp_path / "art"
     result = build(tmp_path, "--driver", "kernels", "--model", "nemotron-h", "--tp", "2", "--out",
                    str(out), "--target", "sm_90", "--json")

@@ -12,7 +12,7 @@ import servekit
 from cachebake.bake.rounds import run_rounds
 from cachebake.capture.env import bake_env
 from cachebake.drivers.command import CommandDriver
-from cachebake.drivers.registry import InProcessDriver
+from cachebake.drivers.registry import DriverSpec, InProcessDriver
 from cachebake.errors import CommandFailed, ExitCode, NotStable, UsageError
 
 TESTS = servekit.kernels_dir()  # where every process of the session imports the test kernels
@@ -141,6 +141,6 @@ def test_command_without_triton_proves_nothing(tmp_path):
 def test_in_process_driver_runs_a_function_per_round(tmp_path):
     benv = bake_env(tmp_path / "root", ("triton",), monitor_log=tmp_path / "work/ev.jsonl",
                     base_env={**os.environ, "PYTHONPATH": str(TESTS)})
-    driver = InProcessDriver("test", "aot:compile_round", {"blocks": [32, 64]})
+    driver = InProcessDriver(DriverSpec("test", "aot:compile_round", (), "test-bake.json"), {"blocks": [32, 64]})
     report = run_rounds(driver, benv)
     assert [r.summary.compiles for r in report.rounds] == [2, 0, 0]

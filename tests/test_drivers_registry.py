@@ -16,7 +16,7 @@ import pytest
 from test_gpu import _fake_nvidia_smi
 
 from cachebake.drivers.command import CommandDriver
-from cachebake.drivers.registry import InProcessDriver, default_driver, default_out, make_driver
+from cachebake.drivers.registry import DriverSpec, InProcessDriver, default_driver, default_out, make_driver
 from cachebake.errors import BadInput, Unsupported, UsageError
 
 TESTS = Path(__file__).resolve().parent
@@ -108,7 +108,7 @@ def test_make_driver(monkeypatch):
 
 def test_a_missing_driver_module_and_a_missing_command(monkeypatch):
     with pytest.raises(Unsupported, match="not available"):
-        InProcessDriver("x", "cachebake.drivers.no_such_driver:run").preflight()
+        InProcessDriver(DriverSpec("x", "cachebake.drivers.no_such_driver:run", (), "x-bake.json")).preflight()
     with pytest.raises(BadInput, match="no such command on PATH"):
         CommandDriver(["no-such-warmup-cmd"]).preflight()
     CommandDriver([sys.executable]).preflight()

@@ -31,23 +31,31 @@ from pathlib import Path
 from cachebake.drivers.command import CommandDriver
 from cachebake.errors import BadInput, CachebakeError, Unsupported, UsageError
 
-# --driver NAME -> the function that runs one round in-process.  Each takes (model, tp, ...).
-DRIVER_FUNCTIONS: dict[str, str] = {
-    "kernels": "cachebake.vllm.kernels.driver:run_sweep",
-    "vllm": "cachebake.vllm.engine:run_warmup",
-}
-# What each driver needs on this machine: requirement names (see _REQUIREMENTS) and a GPU.
-DRIVER_NEEDS: dict[str, tuple[str, ...]] = {
-    "kernels": ("triton", "torch", "vllm-mamba-ops", "gpu", "c-compiler"),
-    "vllm": ("triton", "vllm", "gpu", "c-compiler"),
+@dataclass(frozen=True)
+class DriverSpec:
+    """One in-process driver, everything the registry knows of it in one place.
+
+    ``function``: "module:function", what runs one round in the round child;
+    ``needs``: what the driver needs on this machine (requirement names, see INSTALL_HINTS);
+    ``record``: the file its round writes beside the monitor's log, merged into the manifest's
+    bake section (vllm: model identity and path, the exact serve args, the limits vLLM resolved,
+    the request plan; kernels: the engine plan and each step's label)."""
+
+    name: str
+    function: str
+    needs: tuple[str, ...]
+    record: str
+
+
+# --driver NAME -> its driver.  (`command`, the `-- CMD` form, is CommandDriver, not in-process.)
+DRIVERS: dict[str, DriverSpec] = {
+    "kernels": DriverSpec("kernels", "cachebake.vllm.kernels.driver:run_sweep",
+                          ("triton", "torch", "vllm-mamba-ops", "gpu", "c-compiler"), "kernels-bake.json"),
+    "vllm": DriverSpec("vllm", "cachebake.vllm.engine:run_warmup",
+                       ("triton", "vllm", "gpu", "c-compiler"), "vllm-bake.json"),
 }
 # What the machine must have rather than the interpreter: never what picks the default driver.
 MACHINE_NEEDS = ("gpu", "c-compiler")
-# The file a driver's round writes beside the monitor's log, merged into the bake section.
-# The record each driver leaves beside the monitor's log, merged into the manifest's bake
-# section (vllm: model identity and path, the exact serve args, the limits vLLM resolved, the
-# request plan; kernels: the engine plan and each step's label).
-DRIVER_RECORDS: dict[str, str] = {"vllm": "vllm-bake.json", "kernels": "kernels-bake.json"}
 
 # Files that tell a full vLLM (its engine) from the ops-only slice that
 # bench/vllm_ops/make_vllm_ops.py builds, located without importing vllm (seconds, and torch).
@@ -95,7 +103,8 @@ def _has(requirement: str) -> bool:
 
 def missing(driver: str) -> list[str]:
     """The requirements of ``driver`` this machine lacks (``gpu`` last: packages first)."""
-    return [r for r in DRIVER_NEEDS.get(driver, ()) if not _has(r)]
+    spec = DRIVERS.get(driver)
+    return [r for r in (spec.needs if spec else ()) if not _has(r)]
 
 
 def default_driver() -> str:
@@ -123,14 +132,21 @@ def _hint(requirement: str) -> str:
 
 @dataclass
 class InProcessDriver:
-    name: str
-    function: str  # "module:function"
+    spec: DriverSpec
     kwargs: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def function(self) -> str:  # "module:function"
+        return self.spec.function
 
     @property
     def runs_on_gpu(self) -> bool:
         """It runs kernels on the GPU here, so it compiles for that GPU only."""
-        return "gpu" in DRIVER_NEEDS.get(self.name, ())
+        return "gpu" in self.spec.needs
 
     def round_argv(self) -> list[str]:
         return [sys.executable, "-m", "cachebake.drivers.child", self.function,
@@ -153,15 +169,14 @@ class InProcessDriver:
             found = False
         if not found:
             raise Unsupported(f"--driver {self.name}: {module} is not available in this cachebake")
-        lacking = missing(self.name)
+        lacking = [r for r in self.spec.needs if not _has(r)]
         if lacking:
             raise Unsupported(f"--driver {self.name} cannot run here: it needs "
                               + "; ".join(_hint(r) for r in lacking))
 
     def recorded(self, work_dir: Path) -> dict:
-        name = DRIVER_RECORDS.get(self.name)
-        path = Path(work_dir) / name if name else None
-        if path is None or not path.is_file():
+        path = Path(work_dir) / self.spec.record
+        if not path.is_file():
             return {}
         try:
             data = json.loads(path.read_text())
@@ -194,8 +209,8 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         return CommandDriver(list(cmd), model=model)
     if driver == "command":
         raise UsageError("--driver command runs the command after --: give -- CMD...")
-    if driver is not None and driver not in DRIVER_FUNCTIONS:
-        raise UsageError(f"unknown driver {driver!r} (known: command, {', '.join(DRIVER_FUNCTIONS)})")
+    if driver is not None and driver not in DRIVERS:
+        raise UsageError(f"unknown driver {driver!r} (known: command, {', '.join(DRIVERS)})")
     if not model:
         raise UsageError("nothing to run: give --model MODEL (a recipe, see `cachebake recipes`, "
                          "or a model directory) or the warmup command after --")
@@ -208,7 +223,6 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         parsed = parse_serve_args(serve_args) if isinstance(serve_args, str) else dict(serve_args)
         serve_args = validate_serve_args(parsed)
     driver = driver or default_driver()
-    function = DRIVER_FUNCTIONS[driver]
     kwargs: dict = {"model": model}
     if tp is not None:
         kwargs["tp"] = tp
@@ -226,5 +240,5 @@ def make_driver(driver: str | None, cmd: list[str] | tuple[str, ...] | None, *,
         if not os.path.isfile(plan):
             raise BadInput(f"{plan}: no such engine plan file")
         kwargs["plan"] = os.path.abspath(plan)
-    return InProcessDriver(driver, function, kwargs)
+    return InProcessDriver(DRIVERS[driver], kwargs)
 
