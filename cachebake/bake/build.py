@@ -161,30 +161,59 @@ def clear_root(plan: BuildPlan, roles: tuple[str, ...]) -> list[str]:
     return problems
 
 
-def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, roles=None,
-          target: str | None = None, max_rounds: int = DEFAULT_MAX_ROUNDS,
-          quiet_rounds: int = DEFAULT_QUIET_ROUNDS, until_stable: bool = True,
-          reuse_root: bool = False, allow_invalidating: bool = False,
-          work_dir: os.PathLike | str | None = None, progress: RoundProgress | None = None,
-          seed=None, jobs: int | None = None, gpu_name: str | None = None, retune: bool = False,
-          allow_modules=(), warn: Callable[[str], None] | None = None, layer_root: str | None = None,
-          prune_ir: bool = False, pack_progress=None, keep_root: bool = False) -> BuildReport:
+@dataclass(frozen=True)
+class BuildOptions:
+    """What a bake is asked to do (``cachebake build``'s options), in one value.
+
+    ``out``: the artifact dir; ``root``: the bake root the rounds fill; ``roles``: the cache roles
+    pinned under it (default: all); ``target``: the GPU target (default: the visible GPU's;
+    another one is a cross-target bake); ``max_rounds``/``quiet_rounds``/``until_stable``: when
+    the rounds stop; ``reuse_root``: bake on top of caches already under the root;
+    ``keep_root``: leave the packed caches there; ``allow_invalidating``: cache-invalidating
+    variables set on purpose; ``work_dir``: keep the round logs there (default: a temp dir,
+    removed); ``seed``/``jobs``/``gpu_name``/``retune``/``allow_modules``: seeding from a record
+    (cachebake.bake.seed); ``layer_root`` (default: the bake root) and ``prune_ir``: as for pack."""
+
+    out: os.PathLike | str
+    root: os.PathLike | str
+    roles: tuple[str, ...] = ALL_ROLES
+    target: str | None = None
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    quiet_rounds: int = DEFAULT_QUIET_ROUNDS
+    until_stable: bool = True
+    reuse_root: bool = False
+    keep_root: bool = False
+    allow_invalidating: bool = False
+    work_dir: os.PathLike | str | None = None
+    seed: os.PathLike | str | None = None
+    jobs: int | None = None
+    gpu_name: str | None = None
+    retune: bool = False
+    allow_modules: tuple[str, ...] = ()
+    layer_root: str | None = None
+    prune_ir: bool = False
+
+
+def build(driver: Driver, options: BuildOptions, *, progress: RoundProgress | None = None,
+          warn: Callable[[str], None] | None = None, pack_progress=None) -> BuildReport:
     """The whole of ``cachebake build``: preflight, rounds to the fixed point, pack, then the
     root emptied unless ``keep_root`` or ``reuse_root`` (``clear_root``).
 
     ``layer_root`` defaults to the bake root (group files then already point where a server
     using the same root finds them).  A temp work dir (no ``work_dir``) is removed at the end,
-    whatever happens."""
+    whatever happens.  ``progress``, ``warn`` and ``pack_progress`` are how the caller shows
+    what happens (the CLI's bars and warning lines); the bake does not depend on them."""
+    o = options
     def say(note: str, category: type[Warning] = UserWarning) -> None:
         if warn is not None:
             warn(note)
         else:
             warnings.warn(note, category, stacklevel=3)
 
-    roles = tuple(roles) if roles else ALL_ROLES
-    plan = preflight(driver, out=out, root=root, target=target, reuse_root=reuse_root,
-                     roles=roles, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
-                     until_stable=until_stable)
+    roles = tuple(o.roles) if o.roles else ALL_ROLES
+    plan = preflight(driver, out=o.out, root=o.root, target=o.target, reuse_root=o.reuse_root,
+                     roles=roles, max_rounds=o.max_rounds, quiet_rounds=o.quiet_rounds,
+                     until_stable=o.until_stable)
     if driver.name == "command":  # the other drivers refuse in their preflight
         from cachebake.toolchain import c_toolchain_problem
 
@@ -193,26 +222,26 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
             note = (f"Triton cannot build its launcher helpers here ({problem}): a warmup that "
                     "launches kernels will fail at its first launch")
             say(note)
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
+    work = Path(o.work_dir) if o.work_dir else Path(tempfile.mkdtemp(prefix="cachebake-build-"))
     packed = None
     try:
         work.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():  # shown once, below, through ``warn``
             warnings.simplefilter("ignore", InvalidatingEnvWarning)
             benv = bake_env(plan.root, roles, monitor_log=work / "events.jsonl",
-                            allow_invalidating=allow_invalidating)
+                            allow_invalidating=o.allow_invalidating)
         for note in benv.warnings:
             say(note, InvalidatingEnvWarning)
         from cachebake.bake.seed import prepare_bake  # seed, cross-target, this bake's record
 
-        prep = prepare_bake(benv, seed=seed, jobs=jobs, target=target, gpu_name=gpu_name,
-                            retune=retune, allow_modules=allow_modules)
+        prep = prepare_bake(benv, seed=o.seed, jobs=o.jobs, target=o.target, gpu_name=o.gpu_name,
+                            retune=o.retune, allow_modules=o.allow_modules)
         for note in prep.notes:  # what seeding could not compile: the rounds do
             say(note)
         try:
-            rounds = run_rounds(driver, benv, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
-                                until_stable=until_stable, work_dir=work,
-                                keep_logs=work_dir is not None, progress=progress)
+            rounds = run_rounds(driver, benv, max_rounds=o.max_rounds, quiet_rounds=o.quiet_rounds,
+                                until_stable=o.until_stable, work_dir=work,
+                                keep_logs=o.work_dir is not None, progress=progress)
         except KeyboardInterrupt:
             raise Interrupted(f"the bake was stopped; nothing was packed and {plan.out} is as it "
                               f"was; the caches under {plan.root} keep what the rounds compiled "
@@ -231,16 +260,16 @@ def build(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str, ro
         if note is not None:
             say(note)
         packed = pack_artifact(cache_roots, plan.out, target=plan.target, bake=bake,
-                               layer_root=layer_root or str(plan.root), prune_ir=prune_ir,
+                               layer_root=o.layer_root or str(plan.root), prune_ir=o.prune_ir,
                                record=record, progress=pack_progress)
-        cleared = not (keep_root or reuse_root)
+        cleared = not (o.keep_root or o.reuse_root)
         if cleared:
             for note in clear_root(plan, roles):
                 cleared = False
                 say(note)
         return BuildReport(plan=plan, rounds=rounds, bake=bake, pack=packed, root_cleared=cleared)
     finally:
-        if not work_dir:
+        if not o.work_dir:
             try:
                 shutil.rmtree(work, ignore_errors=True)
             except KeyboardInterrupt:  # after the pack: say it is there

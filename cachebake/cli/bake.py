@@ -96,6 +96,7 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, keep_
     out = out or default_out(model)
     report = None
     try:
+        from cachebake.bake.build import BuildOptions
         from cachebake.bake.build import build as run_build
         from cachebake.cli.progress import PackProgress, RoundProgress
         from cachebake.cli.render import render_build
@@ -105,14 +106,14 @@ def build(model, driver, tp, serve_args, model_dir, out, root, reuse_root, keep_
         drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir,
                           plan=plan_file)
         with PackProgress(out_.err_console) as bar:
-            report = run_build(drv, out=out, root=root or DEFAULT_ROOT,
-                               target=target, max_rounds=max_rounds, quiet_rounds=quiet_rounds,
-                               until_stable=until_stable, reuse_root=reuse_root,
-                               allow_invalidating=allow_env, work_dir=work_dir,
-                               progress=RoundProgress(out_.err_console, verb="bake"), warn=out_.warn,
-                               layer_root=layer_root, prune_ir=prune_ir, pack_progress=bar.factory,
-                               seed=seed, jobs=jobs, gpu_name=gpu_name, retune=retune,
-                               allow_modules=allow_modules, keep_root=keep_root)
+            options = BuildOptions(out=out, root=root or DEFAULT_ROOT, target=target,
+                                   max_rounds=max_rounds, quiet_rounds=quiet_rounds,
+                                   until_stable=until_stable, reuse_root=reuse_root, keep_root=keep_root,
+                                   allow_invalidating=allow_env, work_dir=work_dir, seed=seed, jobs=jobs,
+                                   gpu_name=gpu_name, retune=retune, allow_modules=tuple(allow_modules),
+                                   layer_root=layer_root, prune_ir=prune_ir)
+            report = run_build(drv, options, progress=RoundProgress(out_.err_console, verb="bake"),
+                               warn=out_.warn, pack_progress=bar.factory)
         out_.emit(report, render=render_build)
     except KeyboardInterrupt:  # outside the rounds and the pack, which say what they left
         if report is None:
