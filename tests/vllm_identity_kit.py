@@ -68,7 +68,9 @@ def compile_tiny(root: str) -> dict:
     events = vi.read_probe(os.environ[vi.PROBE_ENV])
     import vllm.envs as envs
 
-    return {"events": events, "outcome": vi.torch_compile_outcome(events),
+    import vllm
+
+    return {"events": events, "outcome": vi.torch_compile_outcome(events), "vllm": vllm.__version__,
             "path_factors": vi.path_factors(envs.compile_factors),
             "via_plugin": via_plugin, "sum": float(out.sum())}
 
@@ -95,8 +97,10 @@ def identity(model_dir: str) -> dict:
     record["compile_identity"] = ident
     with vi._only_environ(start_env):
         env_hash = cu.hash_factors(envs.compile_factors())
+    from cachebake.vllm.versions import installed_scheme
+
     return {"bake": record, "vllm_env_hash": env_hash,
-            "config_hash": cfg.compute_hash()}
+            "config_hash": installed_scheme().config_hash(cfg)}
 
 
 def check(path: str, scenarios_json: str) -> list:

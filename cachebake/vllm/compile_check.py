@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachebake.vllm import identity as vi
+from cachebake.vllm.versions import aot_hash_of_reprs, scheme_for
 from cachebake.errors import BadInput, PreflightMismatch
 from cachebake.vllm.serveargs import (BAKE_ONLY, DRIVER_OWNED, IDENTITY_KEY, parse_serve_args,
                                  serve_args_to_flags)
@@ -306,11 +307,15 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
     if identity.get("traced_files") is not None and identity.get("code_hash"):
         out["roots"] = vi.install_roots()
         paths, out["changed_files"] = _traced_here(identity, out["roots"])
-        out["code_hash"] = vi.code_hash(paths, read=_read_bounded)
+        out["code_hash"] = vi.code_hash(paths, read=_read_bounded, version=vllm.__version__)
     if identity.get("compiler_factors"):
         # the bake's engine took its compiler hash under torch's AOT compile where it made
         # (or loaded) an AOT artifact: compute the factors in the same context
         out["compiler_factors"] = vi.compiler_factors(aot_compile=bool(identity.get("aot")))
+    if any(len(a.get("factor_reprs") or []) > 3 for a in identity.get("aot") or []
+           if isinstance(a, dict)):
+        # the mega AOT artifact's hash holds Inductor's factors (vLLM 0.34 caching.py:612-623)
+        out["aot_inductor_reprs"] = [repr(f) for f in vi.scheme_for(vllm.__version__).inductor_factors(True)]
     return out
 
 
@@ -403,8 +408,21 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
                                 "bake's record: pass --artifact)")
 
     # 4. the code hash: the traced files at this install's paths
+    scheme = scheme_for(identity.get("vllm_version"))
     code_same = True
-    if server.get("code_hash") and identity.get("code_hash"):
+    if (server.get("code_hash") and identity.get("code_hash")
+            and not scheme.aot_load_needs_backend_dir and identity.get("aot")):
+        # vLLM 0.34's mega AOT load checks the traced files' content where they are now
+        # (decorators.py:274-289 ``_verify_source_unchanged``), not their recorded paths, and
+        # never reaches the backend dir: a moved install still loads, a changed file does not
+        changed = server.get("changed_files") or []
+        if changed:
+            code_same = False
+            diffs.append(Difference("traced source files", "as baked",
+                                    f"{len(changed)} differ (first: {_short(changed[0], 100)})",
+                                    COST_AOT + " (vLLM: \"Source code has changed since the last "
+                                    "compilation\")"))
+    elif server.get("code_hash") and identity.get("code_hash"):
         if server["code_hash"] != identity["code_hash"]:
             code_same = False
             roots, baked_roots = server.get("roots") or {}, identity.get("roots") or {}
@@ -445,14 +463,15 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
     if config_same and (engine_config_hash or identity.get("config_hash")):
         env_hash, config_hash = server.get("env_hash"), engine_config_hash or identity["config_hash"]
         code = server.get("code_hash") or identity.get("code_hash")
-        if compiler_same and code_same and identity.get("compiler_hash") and code:
+        if (compiler_same and code_same and identity.get("compiler_hash") and code
+                and scheme.aot_load_needs_backend_dir):
             report.predicted["backend_dirs"] = [vi.dir_hash(env_hash, config_hash, code,
                                                             identity["compiler_hash"])]
         aots = []
         for a in identity.get("aot") or []:
-            factors = a.get("factors") if isinstance(a, dict) else None
-            if isinstance(factors, list) and len(factors) >= 3:
-                aots.append(vi.aot_hash([env_hash, config_hash, *factors[2:]]))
+            predicted = _predict_aot(a, env_hash, config_hash, server, diffs) if isinstance(a, dict) else None
+            if predicted:
+                aots.append(predicted)
         if aots:
             report.predicted["aot"] = aots
         if config_checked:
@@ -461,6 +480,50 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
     if cache_root is not None and not report.differences:
         _check_installed(report, cache_root)
     return report
+
+
+_INDUCTOR_NAMES = ("system", "torch_key", "inductor_config", "functorch_config")
+
+
+def _predict_aot(entry: dict[str, Any], env_hash: str, config_hash: str, server: dict[str, Any],
+                 diffs: list[Difference]) -> str | None:
+    """The AOT dir vLLM will compute here: ``sha256(str(factors))`` of [env hash here, the
+    engine's config hash, (mega AOT) Inductor's factors here, the forward's key as baked].
+    Inductor's system info holds the GPU, which this check cannot read: it is taken as the
+    bake's (install's preflight compares the GPU).  From a record without reprs (cachebake
+    before 0.34 support), the 0.24 form: [env, config, *recorded factors[2:]]."""
+    reprs = entry.get("factor_reprs")
+    factors = entry.get("factors")
+    if not isinstance(reprs, list):
+        if isinstance(factors, list) and len(factors) >= 3:
+            return vi.aot_hash([env_hash, config_hash, *factors[2:]])
+        return None
+    if len(reprs) < 3 or not all(isinstance(r, dict) for r in reprs):
+        return None
+    middle = reprs[2:-1]
+    mine = server.get("aot_inductor_reprs") or []
+    texts = [repr(env_hash), repr(config_hash)]
+    same = True
+    for i, baked in enumerate(middle):
+        name = _INDUCTOR_NAMES[i] if i < len(_INDUCTOR_NAMES) else f"inductor factor {i}"
+        if i == 0:  # the GPU's system info: the bake's
+            if not isinstance(baked.get("repr"), str):
+                return None
+            texts.append(baked["repr"])
+            continue
+        here = mine[i] if i < len(mine) else None
+        if here is None or hashlib.sha256(here.encode("utf-8", "surrogatepass")).hexdigest() != baked.get("sha256"):
+            same = False
+            if not any(d.factor == f"compiler {name}" for d in diffs):
+                diffs.append(Difference(f"compiler {name} (AOT hash)", str(baked.get("sha256"))[:16] + "...",
+                                        "(absent)" if here is None else
+                                        hashlib.sha256(here.encode()).hexdigest()[:16] + "...", COST_AOT))
+            continue
+        texts.append(here)
+    last = reprs[-1].get("repr")
+    if not same or not isinstance(last, str):
+        return None
+    return aot_hash_of_reprs([*texts, last])
 
 
 def _check_installed(report: CompileCheck, cache_root: str) -> None:
