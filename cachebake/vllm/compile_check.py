@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachebake.vllm import identity as vi
-from cachebake.vllm.versions import aot_hash_of_reprs, scheme_for
+from cachebake.vllm.versions import STARTUP_PLAN_DIR, STARTUP_PLAN_UNKEYED, aot_hash_of_reprs, scheme_for
 from cachebake.errors import BadInput, PreflightMismatch
 from cachebake.vllm.serveargs import (BAKE_ONLY, DRIVER_OWNED, IDENTITY_KEY, parse_serve_args,
                                  serve_args_to_flags)
@@ -49,6 +49,10 @@ COST_BACKEND = ("the AOT artifact loads, but its Inductor graphs are looked up i
 COST_KERNELS = ("the bake's Triton kernels and request plan were made for the baked value: "
                 "kernels it did not compile can compile at serve time")
 COST_ROOT = "the server looks for the torch.compile cache outside the installed bake"
+COST_PLAN = ("the bake carries vLLM's startup plan, whose key does not hold this (vLLM 0.34 "
+             "startup_plan.py:42-75): vLLM would apply the KV-cache size profiled under the "
+             "baked value, not this one (an OOM or a budget overrun); serve with the baked "
+             "value, or remove the vllm role's startup_plan/ (or unset VLLM_ENABLE_STARTUP_PLAN)")
 MAX_TRACED_BYTES = 16 << 20  # one traced source file read here
 
 
@@ -321,7 +325,8 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
 
 def check_serving(identity: dict[str, Any], *, source: str, model: str | None = None,
                   server_argv: list[str] | None = None, baked_serve_args: dict[str, Any] | None = None,
-                  cache_root: str | None = None, baked_config_sha256: str | None = None) -> CompileCheck:
+                  cache_root: str | None = None, baked_config_sha256: str | None = None,
+                  startup_plan: dict[str, Any] | None = None) -> CompileCheck:
     """Compare what vLLM will hash in this process's environment with the bake's identity.
 
     ``model``/``server_argv``: the server's model string and ``vllm serve`` arguments (default:
@@ -337,12 +342,14 @@ def check_serving(identity: dict[str, Any], *, source: str, model: str | None = 
     model = model or argv_model or requested
     server = server_side(identity, model=model, flags=flags, cache_root=cache_root)
     return compare(identity, server, source=source, model=model, baked_serve_args=baked_serve_args,
-                   cache_root=cache_root, baked_config_sha256=baked_config_sha256)
+                   cache_root=cache_root, baked_config_sha256=baked_config_sha256,
+                   startup_plan=startup_plan)
 
 
 def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, model: str | None,
             baked_serve_args: dict[str, Any] | None = None, cache_root: str | None = None,
-            baked_config_sha256: str | None = None) -> CompileCheck:
+            baked_config_sha256: str | None = None,
+            startup_plan: dict[str, Any] | None = None) -> CompileCheck:
     """The verdict, from the bake's identity and ``server_side``'s values (no vLLM here)."""
     report = CompileCheck(source=source, model=model)
     diffs = report.differences
@@ -388,6 +395,7 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
                     config_same = False
                 diffs.append(Difference(f"serve arg {name}", baked_args.get(name), server_args.get(name),
                                         f"{COST_AOT} (vLLM's {part} hash holds it)" if part else COST_KERNELS))
+        _check_plan_budget(report, baked_args, server_args, startup_plan, cache_root)
         if server.get("frontend_flags"):
             report.unchecked.append("frontend flags " + ", ".join(
                 "--" + f.replace("_", "-") for f in server["frontend_flags"]))
@@ -480,6 +488,27 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
     if cache_root is not None and not report.differences:
         _check_installed(report, cache_root)
     return report
+
+
+def _check_plan_budget(report: CompileCheck, baked_args: dict[str, Any], server_args: dict[str, Any],
+                       startup_plan: dict[str, Any] | None, cache_root: str | None) -> None:
+    """Where the bake carries vLLM's startup plan, the cache budget its key leaves out
+    (``versions.STARTUP_PLAN_UNKEYED``) must be the server's too: vLLM validates the plan's
+    key and free memory only (startup_plan.py:99-132)."""
+    plans = (startup_plan or {}).get("plans") if isinstance(startup_plan, dict) else None
+    on_disk = bool(cache_root) and os.path.isdir(os.path.join(cache_root, STARTUP_PLAN_DIR)) \
+        and any(n.startswith("startup_plan_") for n in os.listdir(os.path.join(cache_root, STARTUP_PLAN_DIR)))
+    if not plans and not on_disk:
+        return
+    for name in STARTUP_PLAN_UNKEYED:
+        if baked_args.get(name) == server_args.get(name):
+            continue
+        line = f"serve arg {name}"
+        existing = next((d for d in report.differences if d.factor == line), None)
+        if existing is not None:
+            existing.cost = f"{existing.cost}; {COST_PLAN}"
+        else:
+            report.differences.append(Difference(line, baked_args.get(name), server_args.get(name), COST_PLAN))
 
 
 _INDUCTOR_NAMES = ("system", "torch_key", "inductor_config", "functorch_config")

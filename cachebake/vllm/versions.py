@@ -56,6 +56,7 @@ class CompileHashes:
     """How one range of vLLM releases names its torch.compile cache."""
 
     name = "?"
+    only_v2_runner = False
     # whether an AOT load still runs VllmBackend.__call__ (and so needs the backend dir)
     aot_load_needs_backend_dir = True
 
@@ -107,6 +108,7 @@ class HashList(CompileHashes):
     """vLLM 0.24 .. 0.33 (see the module doc)."""
 
     name = "hash-list"
+    only_v2_runner = False  # 0.24 defaults to V1, 0.33 to V2; both have VllmConfig.use_v2_model_runner
 
     def config_hash(self, vllm_config: Any) -> str:
         return vllm_config.compute_hash()
@@ -198,6 +200,7 @@ class FactorDicts(CompileHashes):
     """vLLM 0.34 .. (see the module doc)."""
 
     name = "factor-dicts"
+    only_v2_runner = True  # Model Runner V1 removed (platforms/interface.py:1481-1490)
     aot_load_needs_backend_dir = False  # the mega artifact rebuilds the graphs itself
 
     def config_hash(self, vllm_config: Any) -> str:
@@ -248,6 +251,32 @@ class FactorDicts(CompileHashes):
         from vllm.compilation import compiler_interface as ci
 
         return list(ci.get_inductor_factors(aot_compile))
+
+
+# ---------------------------------------------------------------------------- the startup plan
+# vLLM 0.34's v1/worker/startup_plan.py (not in 0.24 or 0.33): with VLLM_ENABLE_STARTUP_PLAN=1
+# (envs.py:293, 2095-2096; not a compile factor, envs.py:2504) each worker saves the KV-cache size
+# its memory profiling found to VLLM_CACHE_ROOT/startup_plan/startup_plan_<fp16>.json
+# (startup_plan.py:78-85, 180-189) and a later start applies it, skipping the profiling, when
+# the schema and key match and free memory >= the recorded baseline (99-132).  The key
+# (42-75) holds the config hash, the GPU's name, memory and capability, torch, CUDA, rank and
+# world size; NOT the cache budget (CacheConfig's compile factors ignore these, config/cache.py
+# 428-440): a server with another budget is given the baked size.  ``verify --check-only``
+# compares them (compile_check).
+STARTUP_PLAN_ENV = "VLLM_ENABLE_STARTUP_PLAN"
+STARTUP_PLAN_MODULE = "vllm.v1.worker.startup_plan"
+STARTUP_PLAN_DIR = "startup_plan"  # under VLLM_CACHE_ROOT, i.e. in the vllm role
+STARTUP_PLAN_UNKEYED = ("gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override")
+
+
+def has_startup_plan() -> bool:
+    """Whether the vLLM importable here has the startup plan (its module is there)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(STARTUP_PLAN_MODULE) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # The first vLLM release of each scheme, newest first (read from each release's source).
