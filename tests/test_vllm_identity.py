@@ -234,6 +234,7 @@ def test_probe_sees_the_load_and_the_miss_another_home_causes(tmp_path):
     assert set(first["path_factors"]) == (set() if since_034 else {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH"})
     if since_034:  # the backend dir named by the four factor dicts (versions.FactorDicts)
         assert backend["scheme"] == "factor-dicts" and len(aot["aot_factor_reprs"]) == 7
+        assert first["aot_rebuilt"] == aot["aot_hash"]  # what --check-only predicts, from reprs
 
     again = kit("compile", root, env={vi.PROBE_ENV: str(tmp_path / "p2.jsonl")}, home=str(tmp_path / "home-a"))
     assert again["outcome"]["aot"] == "loaded" and again["outcome"]["graphs_compiled"] == 0

@@ -70,7 +70,19 @@ def compile_tiny(root: str) -> dict:
 
     import vllm
 
+    from cachebake.vllm.versions import aot_hash_of_reprs
+
+    # the AOT dir rebuilt as ``verify --check-only`` does it: the recorded reprs, with Inductor's
+    # factors computed again here (the mega AOT hash holds them), the system info as recorded
+    rebuilt = None
+    aot = next((e for e in events if e.get("event") == "aot_load"), None)
+    if aot and len(aot.get("aot_factor_reprs") or []) > 3:
+        reprs = aot["aot_factor_reprs"]
+        here = [repr(f) for f in vi.scheme_for(vllm.__version__).inductor_factors(True)]
+        rebuilt = aot_hash_of_reprs([reprs[0]["repr"], reprs[1]["repr"], reprs[2]["repr"],
+                                     *here[1:], reprs[-1]["repr"]])
     return {"events": events, "outcome": vi.torch_compile_outcome(events), "vllm": vllm.__version__,
+            "aot_rebuilt": rebuilt,
             "path_factors": vi.path_factors(envs.compile_factors),
             "via_plugin": via_plugin, "sum": float(out.sum())}
 

@@ -279,6 +279,32 @@ def has_startup_plan() -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------- moved symbols
+# vLLM functions the kernels plan calls that moved or changed between releases, each resolved
+# from the installed vLLM (the places are read from 0.33.0's and 0.34.0's source).
+def get_block_table_width() -> Callable[..., int]:
+    """0.34: vllm/v1/kv_cache_interface.py:337 (the module vllm.v1.worker.block_table is gone);
+    0.24 .. 0.33: vllm.v1.worker.block_table.  Same signature."""
+    try:
+        from vllm.v1.kv_cache_interface import get_block_table_width as fn
+    except ImportError:
+        from vllm.v1.worker.block_table import get_block_table_width as fn
+    return fn
+
+
+def reserved_block_count(num_tokens: int, spec: Any, *, vllm_config: Any, **kwargs: Any) -> int:
+    """vllm.v1.worker.gpu.warmup._reserved_block_count: 0.34 (warmup.py:40) added a required
+    keyword ``vllm_config``; 0.33 (warmup.py:34) has none.  Passed where the installed
+    function takes it."""
+    import inspect
+
+    from vllm.v1.worker.gpu.warmup import _reserved_block_count as fn
+
+    if "vllm_config" in inspect.signature(fn).parameters:
+        kwargs["vllm_config"] = vllm_config
+    return fn(num_tokens, spec, **kwargs)
+
+
 # The first vLLM release of each scheme, newest first (read from each release's source).
 SCHEMES: tuple[tuple[tuple[int, ...], CompileHashes], ...] = (
     ((0, 34), FactorDicts()),

@@ -65,9 +65,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import (resolve_cache_hit_alignment_tokens,
                                              resolve_kv_cache_block_sizes)
-    from vllm.v1.worker.block_table import get_block_table_width
+    from cachebake.vllm.versions import get_block_table_width, reserved_block_count
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
-    from vllm.v1.worker.gpu.warmup import _reserved_block_count
 
     vc, model = engine.vc, engine.model
     mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
@@ -109,7 +108,7 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
 
     mamba_group = next(g for g in kv_config.kv_cache_groups if mixer.prefix in g.layer_names)
     group_spec = mamba_group.kv_cache_spec
-    width = get_block_table_width(group_spec.max_num_blocks_per_req(vc, mc.max_model_len),
+    width = get_block_table_width()(group_spec.max_num_blocks_per_req(vc, mc.max_model_len),
                                   group_spec.block_size,
                                   token_alignment=group_spec.block_table_token_alignment)
     scheduler_block, hash_block = resolve_kv_cache_block_sizes(kv_config, vc)
@@ -142,8 +141,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
     group_specs = [g.kv_cache_spec for g in kv_config.kv_cache_groups]
 
     def block_count(n: int, spec) -> int:
-        return _reserved_block_count(n, spec, num_lookahead_tokens=vc.num_lookahead_tokens,
-                                     max_model_len=mc.max_model_len, max_encoder_len=0)
+        return reserved_block_count(n, spec, vllm_config=vc, num_lookahead_tokens=vc.num_lookahead_tokens,
+                                    max_model_len=mc.max_model_len, max_encoder_len=0)
 
     max_blocks_per_req = sum(block_count(decode_len, s) for s in group_specs)
     by_limit = {"max_num_seqs": sc.max_num_seqs,

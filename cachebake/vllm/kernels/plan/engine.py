@@ -164,10 +164,13 @@ def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
         "check_and_update_config": classmethod(lambda c, vllm_config: None),
     }
     saved = {k: cls.__dict__.get(k) for k in answers}
-    saved_triton = config_vllm.HAS_TRITON
+    # 0.33 picks Model Runner V2 only with Triton (config/vllm.py:27, 745-760); 0.34 has no V1
+    # and no HAS_TRITON there (its CPU platform needs CUDA_VISIBLE_DEVICES= instead)
+    saved_triton = getattr(config_vllm, "HAS_TRITON", None)
     for k, v in answers.items():
         setattr(cls, k, v)
-    config_vllm.HAS_TRITON = True  # the GPU builder has Triton: Model Runner V2 applies
+    if saved_triton is not None:
+        config_vllm.HAS_TRITON = True  # the GPU builder has Triton: Model Runner V2 applies
     batch_defaults = EngineArgs.__dict__["get_batch_defaults"]
     EngineArgs.get_batch_defaults = classmethod(_target_batch_defaults(batch_defaults.__func__))
     try:
@@ -178,7 +181,8 @@ def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
                 delattr(cls, k)
             else:
                 setattr(cls, k, v)
-        config_vllm.HAS_TRITON = saved_triton
+        if saved_triton is not None:
+            config_vllm.HAS_TRITON = saved_triton
         EngineArgs.get_batch_defaults = batch_defaults
 
 
