@@ -8,6 +8,8 @@ The formulas are checked against vLLM's own code by the vllm-marked tests
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +123,44 @@ def test_a_startup_plan_refuses_a_server_with_another_cache_budget():
     assert report.differences[0].cost == COST_PLAN
     # no plan in the bake: the budget is vLLM's to profile, not a difference
     assert compare(ident, here, source="t", model="/models/n").ok
+
+
+FACTORS_034 = Path(__file__).parent / "data" / "vllm-0.34-cpu-cache-key-factors.json.zst"
+
+
+def real_factors_034() -> dict:
+    import zstandard
+
+    return json.loads(zstandard.ZstdDecompressor().decompress(FACTORS_034.read_bytes()))
+
+
+def test_a_real_034_backend_dir_comes_out_of_its_four_factor_dicts():
+    """vLLM 0.34.0's own file (tests/data/README.md): its dir e7ae3a48a4 and its three hashes."""
+    doc = real_factors_034()
+    everything = {k: doc[k] for k in ("env", "config", "code", "compiler")}
+    assert FactorDicts().dir_hash("", "", "", "", everything) == "e7ae3a48a4"
+    assert hash_factors(doc["config"]) == doc["config_hash"]
+    assert hash_factors(doc["code"]) == doc["code_hash"]
+    assert hash_factors(doc["compiler"]) == doc["compiler_hash"]
+    assert HashList().dir_hash(hash_factors(doc["env"]), doc["config_hash"], doc["code_hash"],
+                               doc["compiler_hash"]) != "e7ae3a48a4"  # 0.24's formula no longer
+
+
+def test_a_034_tree_is_read_with_its_own_version(tmp_path):
+    """``verify --check-only`` without --artifact reads vLLM's own file: 0.34's names its
+    version (the config's), so no 0.24 backend dir is predicted and then found missing."""
+    import zstandard
+
+    from cachebake.vllm.compile_check import identity_from_tree
+
+    d = tmp_path / "vllm" / "torch_compile_cache" / "e7ae3a48a4" / "rank_0_0" / "backbone"
+    d.mkdir(parents=True)
+    (d / "cache_key_factors.json").write_bytes(zstandard.ZstdDecompressor().decompress(FACTORS_034.read_bytes()))
+    ident = identity_from_tree(str(tmp_path / "vllm"))
+    assert ident["vllm_version"] == "0.34.0" and ident["backend_dirs"] == ["e7ae3a48a4/rank_0_0/backbone"]
+    server = {"vllm_version": "0.34.0", "env_factors": dict(ident["env_factors"]),
+              "env_hash": ident["env_hash"], "engine_args": None, "frontend_flags": [],
+              "vllm_cache_root": str(tmp_path / "vllm")}
+    report = compare(ident, server, source="tree", model=None, cache_root=str(tmp_path / "vllm"))
+    assert report.ok, [x.line() for x in report.differences]
+    assert "backend_dirs" not in report.predicted

@@ -143,7 +143,12 @@ def identity_from_tree(vllm_root: str) -> dict[str, Any]:
         aot = sorted(os.listdir(aot_base))
     except OSError:
         aot = []
-    return {"env_factors": vi.env_factor_values(doc.get("env") or {}),
+    # vLLM >= 0.34 writes the factor dicts themselves, its version among the config's
+    # (config/vllm.py:544-546); 0.24's file holds hashes: no version, the 0.24 scheme
+    config = doc.get("config") if isinstance(doc, dict) else None
+    version = config.get("version") if isinstance(config, dict) else None
+    return {"vllm_version": version if isinstance(version, str) and len(version) < 64 else None,
+            "env_factors": vi.env_factor_values(doc.get("env") or {}),
             "env_hash": vi.hash_factors(doc.get("env") or {}),
             "config_hash": dirs[0].get("config_hash"), "code_hash": dirs[0].get("code_hash"),
             "compiler_hash": dirs[0].get("compiler_hash"),
