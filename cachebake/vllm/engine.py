@@ -409,14 +409,11 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
     limits = limits_from_vllm_config(vllm_config, hf_config)
     vocab = int(hf_config.get("vocab_size") or 32000)
     plan = plan_requests(hf_config, serve_args, limits)
-    # a property in 0.24 and 0.33; 0.34 has only the V2 runner (V1 removed, no property)
-    v2 = getattr(vllm_config, "use_v2_model_runner", None)
-    if v2 is None and versions.scheme_for(getattr(vllm, "__version__", None)).only_v2_runner:
-        v2 = True
+    v2 = versions.uses_v2_runner(vllm_config)  # 0.34: V2 only
     report = VllmRoundReport(model_dir=kwargs["model"], serve_args=serve_args,
                              startup_seconds=round(startup, 3), limits=limits.to_dict(),
                              vllm_version=getattr(vllm, "__version__", None),
-                             model_runner=None if v2 is None else ("v2" if v2 else "v1"),
+                             model_runner="v2" if v2 else "v1",
                              plan_digest=plan_digest(plan, vocab),
                              compile_identity=identity,
                              torch_compile=(vllm_identity.torch_compile_outcome(events)

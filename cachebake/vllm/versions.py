@@ -305,6 +305,17 @@ def reserved_block_count(num_tokens: int, spec: Any, *, vllm_config: Any, **kwar
     return fn(num_tokens, spec, **kwargs)
 
 
+def resolve_cudagraph_mode_and_sizes(compilation_config: Any, *args: Any, **kwargs: Any) -> Any:
+    """``CompilationConfig.resolve_cudagraph_mode_and_sizes``: 0.33 takes
+    ``use_v2_model_runner``; 0.34 (config/compilation.py:1535-1544) has only V2 and no such
+    parameter.  Keywords the installed method does not take are left out."""
+    import inspect
+
+    fn = compilation_config.resolve_cudagraph_mode_and_sizes
+    params = inspect.signature(fn).parameters
+    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+
 # The first vLLM release of each scheme, newest first (read from each release's source).
 SCHEMES: tuple[tuple[tuple[int, ...], CompileHashes], ...] = (
     ((0, 34), FactorDicts()),
@@ -320,6 +331,13 @@ def scheme_for(version: str | None) -> CompileHashes:
         if v >= since:
             return scheme
     return SCHEMES[-1][1]
+
+
+def uses_v2_runner(vllm_config: Any) -> bool:
+    """Whether the engine of ``vllm_config`` runs Model Runner V2: 0.24/0.33's
+    ``VllmConfig.use_v2_model_runner``; 0.34 has no V1 (and no such property)."""
+    v2 = getattr(vllm_config, "use_v2_model_runner", None)
+    return bool(v2) if v2 is not None else installed_scheme().only_v2_runner
 
 
 def installed_scheme() -> CompileHashes:

@@ -65,7 +65,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import (resolve_cache_hit_alignment_tokens,
                                              resolve_kv_cache_block_sizes)
-    from cachebake.vllm.versions import get_block_table_width, reserved_block_count
+    from cachebake.vllm.versions import (get_block_table_width, reserved_block_count,
+                                         resolve_cudagraph_mode_and_sizes)
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
     vc, model = engine.vc, engine.model
@@ -121,8 +122,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
                       Mamba2AttentionMetadataBuilder.get_cudagraph_support(vc, mamba_spec),
                       key=lambda s: s.value)
     try:
-        cg_mode = comp.resolve_cudagraph_mode_and_sizes(
-            min_support, "MAMBA2_ATTN", decode_query_len, use_v2_model_runner=True,
+        cg_mode = resolve_cudagraph_mode_and_sizes(
+            comp, min_support, "MAMBA2_ATTN", decode_query_len, use_v2_model_runner=True,
             kv_cache_config=kv_config, max_num_reqs=sc.max_num_seqs,
             piecewise_capture_available=True)
     except ValueError as e:  # e.g. fewer Mamba blocks than max_num_seqs

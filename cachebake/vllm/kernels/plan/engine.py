@@ -25,6 +25,7 @@ import tempfile
 from typing import Any, Iterator
 
 from cachebake.errors import BadInput, Unsupported
+from cachebake.vllm.versions import uses_v2_runner
 
 GiB = 1 << 30
 
@@ -132,7 +133,7 @@ def engine_session(hf_config: dict[str, Any], serve_args: dict[str, Any],
 
 def _check_supported(vc) -> None:
     cc, pc = vc.cache_config, vc.parallel_config
-    if not vc.use_v2_model_runner:
+    if not uses_v2_runner(vc):
         raise Unsupported("vLLM would serve this configuration with its V1 model runner; "
                           "the kernels driver replays Model Runner V2 only")
     if str(getattr(vc.mamba_config.backend, "name", vc.mamba_config.backend)).upper() != "TRITON":
