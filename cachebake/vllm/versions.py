@@ -316,6 +316,14 @@ def resolve_cudagraph_mode_and_sizes(compilation_config: Any, *args: Any, **kwar
     return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
+def gpu_memory_utilization(cache_config: Any) -> float:
+    """The fraction vLLM budgets: 0.34 leaves ``gpu_memory_utilization`` None unless given and
+    resolves it (1.0 with its extensible KV cache, else 0.92: config/cache.py:216-227,
+    495-501, ``resolved_gpu_memory_utilization``); 0.33 holds the value itself."""
+    resolved = getattr(cache_config, "resolved_gpu_memory_utilization", None)
+    return float(resolved if resolved is not None else cache_config.gpu_memory_utilization)
+
+
 # The first vLLM release of each scheme, newest first (read from each release's source).
 SCHEMES: tuple[tuple[tuple[int, ...], CompileHashes], ...] = (
     ((0, 34), FactorDicts()),

@@ -65,8 +65,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import (resolve_cache_hit_alignment_tokens,
                                              resolve_kv_cache_block_sizes)
-    from cachebake.vllm.versions import (get_block_table_width, reserved_block_count,
-                                         resolve_cudagraph_mode_and_sizes)
+    from cachebake.vllm.versions import (get_block_table_width, gpu_memory_utilization,
+                                         reserved_block_count, resolve_cudagraph_mode_and_sizes)
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
     vc, model = engine.vc, engine.model
@@ -85,10 +85,10 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
         kv_bytes = int(cc.kv_cache_memory_bytes)
         kv_source = "serve_args.kv_cache_memory_bytes"
     else:
-        kv_bytes = int(target["memory_gib"] * GiB * cc.gpu_memory_utilization
+        kv_bytes = int(target["memory_gib"] * GiB * gpu_memory_utilization(cc)
                        - weight_bytes - NON_KV_RESERVE_GIB * GiB)
         kv_source = (f"estimate: {target['memory_gib']:g} GiB x gpu_memory_utilization "
-                     f"{cc.gpu_memory_utilization:g} - weights - {NON_KV_RESERVE_GIB:g} GiB")
+                     f"{gpu_memory_utilization(cc):g} - weights - {NON_KV_RESERVE_GIB:g} GiB")
     if kv_bytes <= 0:
         raise BadInput(f"the weights ({weight_bytes / GiB:.1f} GiB per rank) do not leave KV-cache "
                        f"memory on a {target['memory_gib']:g} GiB GPU at this TP size")
