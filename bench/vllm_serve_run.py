@@ -13,7 +13,8 @@ Then polls /health, and with ``--traffic`` runs ``vllm bench serve`` scenarios i
 (vllm.benchmarks.serve.main: vLLM's client, imported once): random lengths, long prompts,
 sequential, top-p only, top-k with top-p, prefix repetition, 256-way decode, Poisson arrivals.
 
-RESULT.json: ready seconds (launch to /health 200), vLLM's own "init engine" and
+RESULT.json: ready seconds (launch to /health 200), the per-phase breakdown of its log
+(bench/ready_breakdown.py, from the launch time), vLLM's own "init engine" and
 "torch.compile took" figures from its log, whether it logged "Directly load AOT compilation",
 the cache directories it used, Triton compiles through start-up and through the traffic
 (kernel names), and each scenario's request count and median/p99 TTFT.
@@ -33,6 +34,8 @@ import urllib.request
 from pathlib import Path
 
 AUTOLOAD = str(Path(__file__).resolve().parent.parent / "cachebake" / "capture" / "autoload")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ready_breakdown  # noqa: E402  (bench/ready_breakdown.py: per-phase seconds from the log)
 
 SCENARIOS = [  # (name, extra `vllm bench serve` args)
     ("random", ["--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "32",
@@ -138,6 +141,7 @@ def main() -> int:
         cmd = ["setpriv", f"--reuid={a.uid}", f"--regid={a.uid}", "--clear-groups", *cmd]
     log_path = work / "server.log"
     t0 = time.monotonic()
+    launched = time.time()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd="/tmp",
                                 start_new_session=True)
@@ -152,7 +156,7 @@ def main() -> int:
             pass
         time.sleep(0.5)
     result = {"cmd": cmd, "home": env.get("HOME"), "uid": a.uid if a.uid is not None else os.getuid(),
-              "ready_s": ready, "exit_code": proc.poll()}
+              "ready_s": ready, "exit_code": proc.poll(), "launched_epoch": round(launched, 3)}
     result["startup_compiles"] = compiles(events)
     if ready is not None and a.traffic:
         result["traffic"] = run_traffic(f"http://127.0.0.1:{a.port}", model, a.tok, work)
@@ -167,6 +171,9 @@ def main() -> int:
             pass
     text = log_path.read_text(errors="replace")
     result.update(log_facts(text))
+    # the server's stamps are its local time; the scripts run with TZ unset (UTC)
+    result["breakdown"] = ready_breakdown.breakdown(text.splitlines(), start=launched,
+                                                    year=time.gmtime(launched).tm_year)
     Path(a.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k not in ("cmd", "traffic")}, indent=1))
     for t in result.get("traffic", []):

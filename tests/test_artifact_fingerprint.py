@@ -82,3 +82,80 @@ def test_a_malformed_file_is_bad_input_naming_it(tmp_path, content):
         Fingerprint.read(f)
     with pytest.raises(BadInput, match="is missing"):
         Fingerprint.read(tmp_path / "absent.json")
+
+
+# ---- every VLLM_* variable present at bake (issue 29) ----------------------------------------
+
+def test_vllm_variables_are_recorded_credentials_by_presence_only():
+    from cachebake.artifact.fingerprint import PRESENT_ONLY, vllm_environment
+
+    env = {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_API_KEY": "s3cret", "VLLM_HF_TOKEN": "hf_x",
+           "VLLM_CACHE_ROOT": "/var/cache/cachebake/vllm", "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
+           "TRITON_CACHE_DIR": "/x", "vllm_lower": "1", "VLLM_TOKENIZER_POOL": "2"}
+    got = vllm_environment(env)
+    assert got == {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_API_KEY": PRESENT_ONLY,
+                   "VLLM_HF_TOKEN": PRESENT_ONLY, "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
+                   "VLLM_TOKENIZER_POOL": "2"}  # TOKENIZER is no TOKEN; the role dir is install's
+    assert "s3cret" not in json.dumps(got) and "hf_x" not in json.dumps(got)
+
+
+def _with_vllm_env(fp, env):
+    return Fingerprint.from_json({**fp.to_json(), "vllm_env": env})
+
+
+def test_a_hashed_variable_set_otherwise_refuses_an_unhashed_one_warns():
+    from cachebake.errors import PreflightMismatch
+    from cachebake.install import preflight
+
+    base = current_fingerprint("sm_90")
+    baked = _with_vllm_env(base, {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_MOE_ROUTE": "a"})
+    hashed = {"VLLM_USE_V2_MODEL_RUNNER": True, "VLLM_CONFIG_ROOT": "/root/.config/vllm"}
+    # the route variable differs (not hashed: one warning line); the runner as baked
+    here = _with_vllm_env(base, {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_MOE_ROUTE": "b"})
+    lines = preflight.check(baked, here, allow_mismatch=False, hashed=hashed)
+    assert len(lines) == 1 and lines[0].startswith("env VLLM_MOE_ROUTE: baked a, here b")
+    assert "does not hash it" in lines[0]
+    # a hashed variable set here only, to another value than vLLM hashed: refused
+    moved = _with_vllm_env(base, {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_MOE_ROUTE": "a",
+                                  "VLLM_CONFIG_ROOT": "/home/srv/.config/vllm"})
+    with pytest.raises(PreflightMismatch, match="env VLLM_CONFIG_ROOT: baked \\(unset\\), here /home/srv"):
+        preflight.check(baked, moved, allow_mismatch=False, hashed=hashed)
+    assert len(preflight.check(baked, moved, allow_mismatch=True, hashed=hashed)) == 1
+    # ... exported with the value vLLM hashed at bake (serve-args' pin): the same hash
+    pinned = _with_vllm_env(base, {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_MOE_ROUTE": "a",
+                                   "VLLM_CONFIG_ROOT": "/root/.config/vllm"})
+    assert preflight.check(baked, pinned, allow_mismatch=False, hashed=hashed) == []
+    # unset here: the runner variable is hashed
+    unset = _with_vllm_env(base, {"VLLM_MOE_ROUTE": "a"})
+    with pytest.raises(PreflightMismatch, match="VLLM_USE_V2_MODEL_RUNNER: baked 1, here \\(unset\\)"):
+        preflight.check(baked, unset, allow_mismatch=False, hashed=hashed)
+
+
+def test_the_kept_vllm_024_artifact_records_no_variables_and_is_still_read(tmp_path):
+    """tests/data's H200 bake predates the field: read as None, compared as nothing, written
+    back in its own form."""
+    import tarfile
+    from pathlib import Path
+
+    from cachebake.artifact.reader import open_source
+    from cachebake.install import preflight
+
+    art = Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
+    with tarfile.open(art) as tar:
+        for m in tar.getmembers():
+            assert not m.name.startswith("/") and ".." not in m.name.split("/")
+        tar.extractall(tmp_path)
+    manifest = open_source(str(tmp_path / "cachebake-nemotron-h")).select("cuda:90").manifest
+    fp = manifest.fingerprint
+    assert fp.vllm_version == "0.24.0" and fp.vllm_env is None and "vllm_env" not in fp.to_json()
+    hashed = preflight.hashed_vllm_variables(manifest.bake.to_json())
+    assert "VLLM_CONFIG_ROOT" in hashed  # vLLM 0.24 hashed it
+    here = _with_vllm_env(fp, {"VLLM_CONFIG_ROOT": "/elsewhere"})
+    assert preflight.check(fp, here, allow_mismatch=False, hashed=hashed) == []
+
+
+def test_a_vllm_env_that_is_not_vllm_variables_is_refused():
+    with pytest.raises(InvalidDocument, match="vllm_env"):
+        Fingerprint.from_json({"target": "cuda:90", "vllm_env": {"LD_PRELOAD": "/x.so"}})
+    with pytest.raises(InvalidDocument, match="vllm_env"):
+        Fingerprint.from_json({"target": "cuda:90", "vllm_env": {"VLLM_X": 1}})

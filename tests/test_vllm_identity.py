@@ -28,6 +28,7 @@ from cachebake.vllm.engine import config_bytes, place_hub_config, write_model_di
 from cachebake.errors import BadInput
 from cachebake.recipes import load_recipe
 from cachebake.vllm.serveargs import model_reference
+from cachebake.vllm.versions import version_tuple
 
 FACTORS = "vllm/torch_compile_cache/b5f17cf9b9/rank_0_0/backbone/cache_key_factors.json"
 AOT_DIR = "a81caeba2363250f00754b85433a6af692f9977a61d73995655567320d0b0d0c"
@@ -228,15 +229,24 @@ def test_probe_sees_the_load_and_the_miss_another_home_causes(tmp_path):
     aot = next(e for e in first["events"] if e["event"] == "aot_load")
     assert aot["path"] == f"{root}/torch_compile_cache/torch_aot_compile/{aot['aot_hash']}/rank_0_0/model"
     assert aot["aot_factors"][:2] == [backend["env_hash"], backend["config_hash"]]
-    assert set(first["path_factors"]) == {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH"}  # vLLM 0.24
+    # 0.24 hashes two HOME-derived paths; 0.34 none (PR #47573, envs.py:2505-2511)
+    since_034 = version_tuple(first["vllm"]) >= (0, 34)
+    assert set(first["path_factors"]) == (set() if since_034 else {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH"})
+    if since_034:  # the backend dir named by the four factor dicts (versions.FactorDicts)
+        assert backend["scheme"] == "factor-dicts" and len(aot["aot_factor_reprs"]) == 7
+        assert first["aot_rebuilt"] == aot["aot_hash"]  # what --check-only predicts, from reprs
 
     again = kit("compile", root, env={vi.PROBE_ENV: str(tmp_path / "p2.jsonl")}, home=str(tmp_path / "home-a"))
     assert again["outcome"]["aot"] == "loaded" and again["outcome"]["graphs_compiled"] == 0
     assert vi.outcome_problem(again["outcome"]) is None
 
     other_home = kit("compile", root, env={vi.PROBE_ENV: str(tmp_path / "p3.jsonl")}, home=str(tmp_path / "home-b"))
-    assert other_home["outcome"]["aot"] == "compiled"  # the miss, on CPU
-    assert other_home["outcome"]["aot_paths"] != again["outcome"]["aot_paths"]
+    if since_034:  # another HOME no longer moves the hash
+        assert other_home["outcome"]["aot"] == "loaded"
+        assert other_home["outcome"]["aot_paths"] == again["outcome"]["aot_paths"]
+    else:
+        assert other_home["outcome"]["aot"] == "compiled"  # the miss, on CPU
+        assert other_home["outcome"]["aot_paths"] != again["outcome"]["aot_paths"]
 
     # what serve-args exports, derived from the bake's record: the other HOME loads again
     exported = identity_serve_env({"compile_identity": {"env_factors": first["path_factors"],
@@ -254,8 +264,11 @@ def test_identity_of_a_recipe_and_the_check_before_start(tmp_path):
     assert ident["env_hash"] == got["vllm_env_hash"] and ident["config_hash"] == got["config_hash"]
     assert ident["model"] == {"requested": str(tmp_path / "models" / "nemotron-h-8b"),
                               "resolved": str(tmp_path / "models" / "nemotron-h-8b"), "hf_hub_cache": None}
-    assert ident["path_factors"] == {"VLLM_CONFIG_ROOT": f"{tmp_path}/home/.config/vllm",
-                                     "VLLM_XLA_CACHE_PATH": f"{tmp_path}/home/.cache/vllm/xla_cache"}
+    since_034 = version_tuple(ident["vllm_version"]) >= (0, 34)
+    assert ident["path_factors"] == ({} if since_034 else
+                                     {"VLLM_CONFIG_ROOT": f"{tmp_path}/home/.config/vllm",
+                                      "VLLM_XLA_CACHE_PATH": f"{tmp_path}/home/.cache/vllm/xla_cache"})
+    assert ident["hash_scheme"] == ("factor-dicts" if since_034 else "hash-list")
     parallel = ident["config_parts"]["parallel_config"]["factors"]
     assert parallel["tensor_parallel_size"] == 1
     assert ident["config_parts"]["model_config"]["factors"]["model"] == str(tmp_path / "models" / "nemotron-h-8b")
@@ -278,8 +291,11 @@ def test_identity_of_a_recipe_and_the_check_before_start(tmp_path):
     ]
     same, home, fixed, tp, path, sampler = kit("check", bake, json.dumps(scenarios), home=str(tmp_path / "home"))
     assert same["would_hit"] and same["differences"] == []
-    assert [d["factor"] for d in home["differences"]] == ["env VLLM_CONFIG_ROOT", "env VLLM_XLA_CACHE_PATH"]
-    assert "~9 s at every start" in home["differences"][0]["cost"]
+    if since_034:  # another HOME changes nothing vLLM 0.34 hashes
+        assert home["would_hit"] and home["differences"] == []
+    else:
+        assert [d["factor"] for d in home["differences"]] == ["env VLLM_CONFIG_ROOT", "env VLLM_XLA_CACHE_PATH"]
+        assert "~9 s at every start" in home["differences"][0]["cost"]
     assert fixed["would_hit"], fixed["differences"]
     assert [d["factor"] for d in tp["differences"]] == ["serve arg tensor_parallel_size"]
     assert "parallel_config" in tp["differences"][0]["cost"] and any("--port" in u for u in tp["unchecked"])

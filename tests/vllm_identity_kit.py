@@ -68,7 +68,21 @@ def compile_tiny(root: str) -> dict:
     events = vi.read_probe(os.environ[vi.PROBE_ENV])
     import vllm.envs as envs
 
-    return {"events": events, "outcome": vi.torch_compile_outcome(events),
+    import vllm
+
+    from cachebake.vllm.versions import aot_hash_of_reprs
+
+    # the AOT dir rebuilt as ``verify --check-only`` does it: the recorded reprs, with Inductor's
+    # factors computed again here (the mega AOT hash holds them), the system info as recorded
+    rebuilt = None
+    aot = next((e for e in events if e.get("event") == "aot_load"), None)
+    if aot and len(aot.get("aot_factor_reprs") or []) > 3:
+        reprs = aot["aot_factor_reprs"]
+        here = [repr(f) for f in vi.scheme_for(vllm.__version__).inductor_factors(True)]
+        rebuilt = aot_hash_of_reprs([reprs[0]["repr"], reprs[1]["repr"], reprs[2]["repr"],
+                                     *here[1:], reprs[-1]["repr"]])
+    return {"events": events, "outcome": vi.torch_compile_outcome(events), "vllm": vllm.__version__,
+            "aot_rebuilt": rebuilt,
             "path_factors": vi.path_factors(envs.compile_factors),
             "via_plugin": via_plugin, "sum": float(out.sum())}
 
@@ -95,8 +109,10 @@ def identity(model_dir: str) -> dict:
     record["compile_identity"] = ident
     with vi._only_environ(start_env):
         env_hash = cu.hash_factors(envs.compile_factors())
+    from cachebake.vllm.versions import installed_scheme
+
     return {"bake": record, "vllm_env_hash": env_hash,
-            "config_hash": cfg.compute_hash()}
+            "config_hash": installed_scheme().config_hash(cfg)}
 
 
 def check(path: str, scenarios_json: str) -> list:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import re
 import sys
 import sysconfig
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.errors import BadInput, InvalidDocument
 from cachebake.gpu import resolve_target
+from cachebake.roles import ROLE_ENV
 
 
 # The string fields of a fingerprint, each a version, a hash or a name (None: unknown here).
@@ -37,6 +39,28 @@ _TEXT_FIELDS = ("triton_version", "triton_key", "python_tag", "ptxas", "gpu_name
                 "vllm_version")
 _MAP_FIELDS = ("env", "bake_paths")
 _MAX_FIELD = 64 << 10  # characters of one field: `ptxas --version` and Triton's key are ~1 kB
+
+# Every VLLM_* variable present at bake is recorded (vLLM routes kernels by variables it does not
+# hash: 1Cat-vLLM #536 counted 171), except the role dirs cachebake itself points per install.
+_VLLM_ENV_NAME = re.compile(r"VLLM_[A-Z0-9_]{1,123}\Z")
+# A credential's value is never recorded, only that it was set.
+_SECRET_NAME = re.compile(r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(?:_|\Z)")
+PRESENT_ONLY = "(set; value not recorded)"
+_MAX_VLLM_ENV = 1024  # variables recorded
+
+
+def vllm_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The VLLM_* variables set in ``environ`` (default: this process), credentials as
+    ``PRESENT_ONLY``, the role dirs (VLLM_CACHE_ROOT: install points it) left out."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for name in sorted(env):
+        if not _VLLM_ENV_NAME.match(name) or name in ROLE_ENV.values():
+            continue
+        out[name] = PRESENT_ONLY if _SECRET_NAME.search(name[5:]) else env[name][:4096]
+        if len(out) >= _MAX_VLLM_ENV:
+            break
+    return out
 
 
 @dataclass(frozen=True)
@@ -55,11 +79,17 @@ class Fingerprint:
     torch_version: str | None = None
     vllm_version: str | None = None
     bake_paths: Mapping[str, str] = field(default_factory=dict)  # role -> absolute path baked at
+    # every VLLM_* variable present (``vllm_environment``); None: not recorded (cachebake < 0.34 support)
+    vllm_env: Mapping[str, str] | None = None
 
     def to_json(self) -> dict:
         """The JSON object, every field present (None where unknown)."""
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc.update((key, dict(doc[key])) for key in _MAP_FIELDS)
+        if self.vllm_env is None:
+            del doc["vllm_env"]  # an old reader's form, unchanged
+        else:
+            doc["vllm_env"] = dict(self.vllm_env)
         return doc
 
     @classmethod
@@ -75,6 +105,12 @@ class Fingerprint:
             values[key] = c.opt_str(doc.get(key), where(key), max_len=_MAX_FIELD)
         for key in _MAP_FIELDS:
             values[key] = dict(c.str_map(doc.get(key) or {}, where(key), max_len=_MAX_FIELD))
+        if doc.get("vllm_env") is not None:
+            venv = c.str_map(doc["vllm_env"], where("vllm_env"), max_len=_MAX_FIELD)
+            if len(venv) > _MAX_VLLM_ENV or any(not _VLLM_ENV_NAME.match(k) for k in venv):
+                raise InvalidDocument(document, where("vllm_env"),
+                                      f"holds a name that is no VLLM_ variable, or more than {_MAX_VLLM_ENV}")
+            values["vllm_env"] = dict(venv)
         return cls(**values)
 
     def write(self, path: os.PathLike | str) -> None:
@@ -136,6 +172,7 @@ def current_fingerprint(target: str | None = None, bake_paths: dict[str, str] | 
         torch_version=_dist_version("torch"),
         vllm_version=_dist_version("vllm"),
         bake_paths=dict(bake_paths or {}),
+        vllm_env=vllm_environment(),
     )
     try:
         import triton
@@ -180,3 +217,46 @@ def compare_fingerprints(baked: Fingerprint, current: Fingerprint) -> list[Misma
             continue
         out.append(Mismatch(name, b, c, consequence))
     return out
+
+
+HASHED_CONSEQUENCE = ("vLLM hashes it into torch.compile's cache key: the baked artifact is not "
+                      "loaded, Dynamo and Inductor run again at every start")
+ROUTE_CONSEQUENCE = ("vLLM does not hash it, but it may route kernels: kernels compiled under "
+                     "the baked route can be loaded under this one, or this route's compile at "
+                     "first use")
+
+
+def compare_vllm_env(baked: Fingerprint, current: Fingerprint,
+                     hashed: Mapping[str, object] | None = None) -> tuple[list[Mismatch], list[Mismatch]]:
+    """(refusals, warnings): one Mismatch per VLLM_* variable set differently (or set on one
+    side only).  A refusal where the variable is among the compile factors the bake's vLLM
+    hashed (``hashed``: its compile identity's env factors, name -> the value vLLM hashed), a
+    warning otherwise; a value here that is the very value vLLM hashed at bake (a path that
+    followed HOME there and is exported here, as serve-args prints it) is no difference.
+    Nothing where either side did not record its variables (an older artifact or file)."""
+    if baked.vllm_env is None or current.vllm_env is None:
+        return [], []
+    hashed = hashed or {}
+    refuse, warn = [], []
+    unset = "(unset)"
+    for name in sorted(set(baked.vllm_env) | set(current.vllm_env)):
+        b, c = baked.vllm_env.get(name, unset), current.vllm_env.get(name, unset)
+        if b == c:
+            continue
+        if name in hashed:
+            if c == _as_env_text(hashed[name]):
+                continue
+            refuse.append(Mismatch(f"env {name}", b, c, HASHED_CONSEQUENCE))
+        else:
+            warn.append(Mismatch(f"env {name}", b, c, ROUTE_CONSEQUENCE))
+    return refuse, warn
+
+
+def _as_env_text(value: object) -> str | None:
+    """A hashed factor's value as the variable's text would give it (str, int; bools as vLLM's
+    getters read "1"/"0"); None for what no text maps to one way."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (str, int)):
+        return str(value)
+    return None

@@ -185,7 +185,8 @@ def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_
     manifest = bake.manifest
     roles = list(manifest.roles)
     mismatches = preflight.check(manifest.fingerprint, serving, allow_mismatch,
-                                 checked_this_process=fingerprint_file is None)
+                                 checked_this_process=fingerprint_file is None,
+                                 hashed=preflight.hashed_vllm_variables(manifest.bake.to_json()))
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     # vLLM hashes its HOME/XDG-derived paths into the torch.compile dirs: the server gets the
     # bake's values, as serve-args prints them, or the vllm role is never loaded

@@ -9,7 +9,8 @@ passes.
 
 from __future__ import annotations
 
-from cachebake.artifact.fingerprint import Fingerprint, compare_fingerprints, current_fingerprint
+from cachebake.artifact.fingerprint import (Fingerprint, compare_fingerprints, compare_vllm_env,
+                                            current_fingerprint)
 from cachebake.errors import PreflightMismatch
 
 
@@ -22,10 +23,23 @@ def load_serving_fingerprint(fingerprint_file: str | None, target: str | None) -
     return Fingerprint.read(fingerprint_file)
 
 
+def hashed_vllm_variables(bake: dict) -> dict[str, object]:
+    """The VLLM_* variables the bake's vLLM hashed into its torch.compile key: the compile
+    identity's env factors (cachebake.vllm.identity), as recorded in the manifest."""
+    from cachebake.vllm.serveargs import IDENTITY_KEY
+
+    identity = bake.get(IDENTITY_KEY) if isinstance(bake, dict) else None
+    factors = identity.get("env_factors") if isinstance(identity, dict) else None
+    return {k: v for k, v in factors.items() if isinstance(k, str)} if isinstance(factors, dict) else {}
+
+
 def check(baked: Fingerprint, serving: Fingerprint, allow_mismatch: bool,
-          checked_this_process: bool = False) -> list[str]:
-    """Return the difference lines (warnings) or raise PreflightMismatch."""
-    lines = [str(m) for m in compare_fingerprints(baked, serving)]
+          checked_this_process: bool = False, hashed: dict[str, object] | None = None) -> list[str]:
+    """Return the difference lines (warnings) or raise PreflightMismatch.  A VLLM_* variable
+    set otherwise than at bake is a warning line, and a refusal where vLLM hashes it
+    (``hashed``: ``hashed_vllm_variables``)."""
+    refuse, route = compare_vllm_env(baked, serving, hashed)
+    lines = [str(m) for m in [*compare_fingerprints(baked, serving), *refuse]]
     if lines and not allow_mismatch:
         raise PreflightMismatch(
             f"bake for {baked.target} was made for another environment "
@@ -33,4 +47,4 @@ def check(baked: Fingerprint, serving: Fingerprint, allow_mismatch: bool,
             "(--allow-mismatch installs anyway):\n" + "\n".join(f"  {line}" for line in lines)
             + ("\n(checked against this process; if the server runs another image, pass "
                "--fingerprint FILE from `cachebake fingerprint` run in it)" if checked_this_process else ""))
-    return lines
+    return lines + [str(m) for m in route]

@@ -177,7 +177,7 @@ def check_only(cache: os.PathLike | str, *, artifact: str | None = None, target:
     if not os.path.isdir(vllm_root):
         raise BadInput(f"{cache}: no vllm role here (the bake has none, or install left it out): "
                        "nothing for torch.compile to load")
-    baked_args = config_sha = None
+    baked_args = config_sha = plan = None
     if artifact is not None:
         from cachebake.serve.command import read_manifest
 
@@ -186,10 +186,12 @@ def check_only(cache: os.PathLike | str, *, artifact: str | None = None, target:
         baked_args = bake.get("serve_args") if isinstance(bake.get("serve_args"), dict) else None
         model = bake.get("model") if isinstance(bake.get("model"), dict) else {}
         config_sha = model.get("config_sha256") if isinstance(model.get("config_sha256"), str) else None
+        plan = bake.get("startup_plan") if isinstance(bake.get("startup_plan"), dict) else None
         source = f"the bake record in {artifact}"
     else:
         identity = compile_check.identity_from_tree(vllm_root)
         source = f"vLLM's own files in {vllm_root}"
     return compile_check.check_serving(identity, source=source, model=model_ref,
                                        server_argv=server_argv, baked_serve_args=baked_args,
-                                       cache_root=vllm_root, baked_config_sha256=config_sha)
+                                       cache_root=vllm_root, baked_config_sha256=config_sha,
+                                       startup_plan=plan)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachebake.vllm import identity as vi
+from cachebake.vllm.versions import STARTUP_PLAN_DIR, STARTUP_PLAN_UNKEYED, aot_hash_of_reprs, scheme_for
 from cachebake.errors import BadInput, PreflightMismatch
 from cachebake.vllm.serveargs import (BAKE_ONLY, DRIVER_OWNED, IDENTITY_KEY, parse_serve_args,
                                  serve_args_to_flags)
@@ -48,6 +49,10 @@ COST_BACKEND = ("the AOT artifact loads, but its Inductor graphs are looked up i
 COST_KERNELS = ("the bake's Triton kernels and request plan were made for the baked value: "
                 "kernels it did not compile can compile at serve time")
 COST_ROOT = "the server looks for the torch.compile cache outside the installed bake"
+COST_PLAN = ("the bake carries vLLM's startup plan, whose key does not hold this (vLLM 0.34 "
+             "startup_plan.py:42-75): vLLM would apply the KV-cache size profiled under the "
+             "baked value, not this one (an OOM or a budget overrun); serve with the baked "
+             "value, or remove the vllm role's startup_plan/ (or unset VLLM_ENABLE_STARTUP_PLAN)")
 MAX_TRACED_BYTES = 16 << 20  # one traced source file read here
 
 
@@ -138,7 +143,12 @@ def identity_from_tree(vllm_root: str) -> dict[str, Any]:
         aot = sorted(os.listdir(aot_base))
     except OSError:
         aot = []
-    return {"env_factors": vi.env_factor_values(doc.get("env") or {}),
+    # vLLM >= 0.34 writes the factor dicts themselves, its version among the config's
+    # (config/vllm.py:544-546); 0.24's file holds hashes: no version, the 0.24 scheme
+    config = doc.get("config") if isinstance(doc, dict) else None
+    version = config.get("version") if isinstance(config, dict) else None
+    return {"vllm_version": version if isinstance(version, str) and len(version) < 64 else None,
+            "env_factors": vi.env_factor_values(doc.get("env") or {}),
             "env_hash": vi.hash_factors(doc.get("env") or {}),
             "config_hash": dirs[0].get("config_hash"), "code_hash": dirs[0].get("code_hash"),
             "compiler_hash": dirs[0].get("compiler_hash"),
@@ -306,17 +316,22 @@ def server_side(identity: dict[str, Any], *, model: str | None, flags: list[str]
     if identity.get("traced_files") is not None and identity.get("code_hash"):
         out["roots"] = vi.install_roots()
         paths, out["changed_files"] = _traced_here(identity, out["roots"])
-        out["code_hash"] = vi.code_hash(paths, read=_read_bounded)
+        out["code_hash"] = vi.code_hash(paths, read=_read_bounded, version=vllm.__version__)
     if identity.get("compiler_factors"):
         # the bake's engine took its compiler hash under torch's AOT compile where it made
         # (or loaded) an AOT artifact: compute the factors in the same context
         out["compiler_factors"] = vi.compiler_factors(aot_compile=bool(identity.get("aot")))
+    if any(len(a.get("factor_reprs") or []) > 3 for a in identity.get("aot") or []
+           if isinstance(a, dict)):
+        # the mega AOT artifact's hash holds Inductor's factors (vLLM 0.34 caching.py:612-623)
+        out["aot_inductor_reprs"] = [repr(f) for f in vi.scheme_for(vllm.__version__).inductor_factors(True)]
     return out
 
 
 def check_serving(identity: dict[str, Any], *, source: str, model: str | None = None,
                   server_argv: list[str] | None = None, baked_serve_args: dict[str, Any] | None = None,
-                  cache_root: str | None = None, baked_config_sha256: str | None = None) -> CompileCheck:
+                  cache_root: str | None = None, baked_config_sha256: str | None = None,
+                  startup_plan: dict[str, Any] | None = None) -> CompileCheck:
     """Compare what vLLM will hash in this process's environment with the bake's identity.
 
     ``model``/``server_argv``: the server's model string and ``vllm serve`` arguments (default:
@@ -332,12 +347,14 @@ def check_serving(identity: dict[str, Any], *, source: str, model: str | None = 
     model = model or argv_model or requested
     server = server_side(identity, model=model, flags=flags, cache_root=cache_root)
     return compare(identity, server, source=source, model=model, baked_serve_args=baked_serve_args,
-                   cache_root=cache_root, baked_config_sha256=baked_config_sha256)
+                   cache_root=cache_root, baked_config_sha256=baked_config_sha256,
+                   startup_plan=startup_plan)
 
 
 def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, model: str | None,
             baked_serve_args: dict[str, Any] | None = None, cache_root: str | None = None,
-            baked_config_sha256: str | None = None) -> CompileCheck:
+            baked_config_sha256: str | None = None,
+            startup_plan: dict[str, Any] | None = None) -> CompileCheck:
     """The verdict, from the bake's identity and ``server_side``'s values (no vLLM here)."""
     report = CompileCheck(source=source, model=model)
     diffs = report.differences
@@ -383,6 +400,7 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
                     config_same = False
                 diffs.append(Difference(f"serve arg {name}", baked_args.get(name), server_args.get(name),
                                         f"{COST_AOT} (vLLM's {part} hash holds it)" if part else COST_KERNELS))
+        _check_plan_budget(report, baked_args, server_args, startup_plan, cache_root)
         if server.get("frontend_flags"):
             report.unchecked.append("frontend flags " + ", ".join(
                 "--" + f.replace("_", "-") for f in server["frontend_flags"]))
@@ -403,8 +421,21 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
                                 "bake's record: pass --artifact)")
 
     # 4. the code hash: the traced files at this install's paths
+    scheme = scheme_for(identity.get("vllm_version"))
     code_same = True
-    if server.get("code_hash") and identity.get("code_hash"):
+    if (server.get("code_hash") and identity.get("code_hash")
+            and not scheme.aot_load_needs_backend_dir and identity.get("aot")):
+        # vLLM 0.34's mega AOT load checks the traced files' content where they are now
+        # (decorators.py:274-289 ``_verify_source_unchanged``), not their recorded paths, and
+        # never reaches the backend dir: a moved install still loads, a changed file does not
+        changed = server.get("changed_files") or []
+        if changed:
+            code_same = False
+            diffs.append(Difference("traced source files", "as baked",
+                                    f"{len(changed)} differ (first: {_short(changed[0], 100)})",
+                                    COST_AOT + " (vLLM: \"Source code has changed since the last "
+                                    "compilation\")"))
+    elif server.get("code_hash") and identity.get("code_hash"):
         if server["code_hash"] != identity["code_hash"]:
             code_same = False
             roots, baked_roots = server.get("roots") or {}, identity.get("roots") or {}
@@ -445,14 +476,15 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
     if config_same and (engine_config_hash or identity.get("config_hash")):
         env_hash, config_hash = server.get("env_hash"), engine_config_hash or identity["config_hash"]
         code = server.get("code_hash") or identity.get("code_hash")
-        if compiler_same and code_same and identity.get("compiler_hash") and code:
+        if (compiler_same and code_same and identity.get("compiler_hash") and code
+                and scheme.aot_load_needs_backend_dir):
             report.predicted["backend_dirs"] = [vi.dir_hash(env_hash, config_hash, code,
                                                             identity["compiler_hash"])]
         aots = []
         for a in identity.get("aot") or []:
-            factors = a.get("factors") if isinstance(a, dict) else None
-            if isinstance(factors, list) and len(factors) >= 3:
-                aots.append(vi.aot_hash([env_hash, config_hash, *factors[2:]]))
+            predicted = _predict_aot(a, env_hash, config_hash, server, diffs) if isinstance(a, dict) else None
+            if predicted:
+                aots.append(predicted)
         if aots:
             report.predicted["aot"] = aots
         if config_checked:
@@ -461,6 +493,71 @@ def compare(identity: dict[str, Any], server: dict[str, Any], *, source: str, mo
     if cache_root is not None and not report.differences:
         _check_installed(report, cache_root)
     return report
+
+
+def _check_plan_budget(report: CompileCheck, baked_args: dict[str, Any], server_args: dict[str, Any],
+                       startup_plan: dict[str, Any] | None, cache_root: str | None) -> None:
+    """Where the bake carries vLLM's startup plan, the cache budget its key leaves out
+    (``versions.STARTUP_PLAN_UNKEYED``) must be the server's too: vLLM validates the plan's
+    key and free memory only (startup_plan.py:99-132)."""
+    plans = (startup_plan or {}).get("plans") if isinstance(startup_plan, dict) else None
+    on_disk = bool(cache_root) and os.path.isdir(os.path.join(cache_root, STARTUP_PLAN_DIR)) \
+        and any(n.startswith("startup_plan_") for n in os.listdir(os.path.join(cache_root, STARTUP_PLAN_DIR)))
+    if not plans and not on_disk:
+        return
+    for name in STARTUP_PLAN_UNKEYED:
+        if baked_args.get(name) == server_args.get(name):
+            continue
+        line = f"serve arg {name}"
+        existing = next((d for d in report.differences if d.factor == line), None)
+        if existing is not None:
+            existing.cost = f"{existing.cost}; {COST_PLAN}"
+        else:
+            report.differences.append(Difference(line, baked_args.get(name), server_args.get(name), COST_PLAN))
+
+
+_INDUCTOR_NAMES = ("system", "torch_key", "inductor_config", "functorch_config")
+
+
+def _predict_aot(entry: dict[str, Any], env_hash: str, config_hash: str, server: dict[str, Any],
+                 diffs: list[Difference]) -> str | None:
+    """The AOT dir vLLM will compute here: ``sha256(str(factors))`` of [env hash here, the
+    engine's config hash, (mega AOT) Inductor's factors here, the forward's key as baked].
+    Inductor's system info holds the GPU, which this check cannot read: it is taken as the
+    bake's (install's preflight compares the GPU).  From a record without reprs (cachebake
+    before 0.34 support), the 0.24 form: [env, config, *recorded factors[2:]]."""
+    reprs = entry.get("factor_reprs")
+    factors = entry.get("factors")
+    if not isinstance(reprs, list):
+        if isinstance(factors, list) and len(factors) >= 3:
+            return vi.aot_hash([env_hash, config_hash, *factors[2:]])
+        return None
+    if len(reprs) < 3 or not all(isinstance(r, dict) for r in reprs):
+        return None
+    middle = reprs[2:-1]
+    mine = server.get("aot_inductor_reprs") or []
+    texts = [repr(env_hash), repr(config_hash)]
+    same = True
+    for i, baked in enumerate(middle):
+        name = _INDUCTOR_NAMES[i] if i < len(_INDUCTOR_NAMES) else f"inductor factor {i}"
+        if i == 0:  # the GPU's system info: the bake's
+            if not isinstance(baked.get("repr"), str):
+                return None
+            texts.append(baked["repr"])
+            continue
+        here = mine[i] if i < len(mine) else None
+        if here is None or hashlib.sha256(here.encode("utf-8", "surrogatepass")).hexdigest() != baked.get("sha256"):
+            same = False
+            if not any(d.factor == f"compiler {name}" for d in diffs):
+                diffs.append(Difference(f"compiler {name} (AOT hash)", str(baked.get("sha256"))[:16] + "...",
+                                        "(absent)" if here is None else
+                                        hashlib.sha256(here.encode()).hexdigest()[:16] + "...", COST_AOT))
+            continue
+        texts.append(here)
+    last = reprs[-1].get("repr")
+    if not same or not isinstance(last, str):
+        return None
+    return aot_hash_of_reprs([*texts, last])
 
 
 def _check_installed(report: CompileCheck, cache_root: str) -> None:

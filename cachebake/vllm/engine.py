@@ -66,6 +66,7 @@ from typing import Any
 from cachebake import jsonio
 from cachebake.capture.env import MONITOR_LOG_ENV, ROUND_ENV
 from cachebake.vllm import identity as vllm_identity
+from cachebake.vllm import versions
 from cachebake.vllm.request_plan import (EngineLimits, RequestBatch, limits_from_serve_args,
                                          limits_from_vllm_config, plan_digest, plan_requests,
                                          plan_summary)
@@ -87,7 +88,8 @@ OFFLINE_ENV = {
 # Besides the cache roots, variables that change what the server compiles: the server needs
 # them as the bake had them (the V2 model runner samples with other kernels than V1).
 SERVE_ENV_VARS = ("TRITON_CACHE_AUTOTUNING", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_AOT_COMPILE",
-                  "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")
+                  "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE",
+                  versions.STARTUP_PLAN_ENV)
 
 
 def config_bytes(hf_config: dict[str, Any]) -> bytes:
@@ -227,6 +229,8 @@ class VllmRoundReport:
     compile_identity: dict[str, Any] | None = None
     # what torch.compile did in this round: the AOT artifact loaded, or compiled again
     torch_compile: dict[str, Any] | None = None
+    # vLLM's startup plan (vLLM >= 0.34): on, the plan files in the vllm role, the cache budget
+    startup_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -262,6 +266,8 @@ def bake_record(recipe: Recipe, serve_args: dict[str, Any], model_dir: str,
             rec[IDENTITY_KEY] = report.compile_identity
         if report.torch_compile is not None:
             rec["torch_compile"] = report.torch_compile
+        if report.startup_plan is not None:
+            rec["startup_plan"] = report.startup_plan
     return rec
 
 
@@ -377,6 +383,10 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
     probe_file = Path(probe) if probe else probe_path()
     probe_file.unlink(missing_ok=True)
     os.environ[vllm_identity.PROBE_ENV] = str(probe_file)
+    # Where the installed vLLM has it, the bake carries the startup plan (the memory-profiling
+    # result, in the vllm role: versions.STARTUP_PLAN_*); an explicit 0 in the bake env is kept.
+    if versions.has_startup_plan():
+        os.environ.setdefault(versions.STARTUP_PLAN_ENV, "1")
     start_env = dict(os.environ)  # before vLLM sets variables of its own
     t0 = time.monotonic()
     with _step("vllm-startup"):
@@ -399,21 +409,47 @@ def warmup(kwargs: dict[str, Any], hf_config: dict[str, Any],
     limits = limits_from_vllm_config(vllm_config, hf_config)
     vocab = int(hf_config.get("vocab_size") or 32000)
     plan = plan_requests(hf_config, serve_args, limits)
-    v2 = getattr(vllm_config, "use_v2_model_runner", None)  # a property in 0.24 and 0.33
+    v2 = versions.uses_v2_runner(vllm_config)  # 0.34: V2 only
     report = VllmRoundReport(model_dir=kwargs["model"], serve_args=serve_args,
                              startup_seconds=round(startup, 3), limits=limits.to_dict(),
                              vllm_version=getattr(vllm, "__version__", None),
-                             model_runner=None if v2 is None else ("v2" if v2 else "v1"),
+                             model_runner="v2" if v2 else "v1",
                              plan_digest=plan_digest(plan, vocab),
                              compile_identity=identity,
                              torch_compile=(vllm_identity.torch_compile_outcome(events)
                                             if events else None))
+    report.startup_plan = startup_plan_record(vllm_config)
     for batch in plan:
         with _step(f"plan:{batch.label}"):
             report.batches.append(_send(llm, batch, vocab))
         print(f"cachebake: {batch.label}: {report.batches[-1].seconds} s", flush=True)
     report.seconds = round(time.monotonic() - t0, 3)
     return report
+
+
+def startup_plan_record(vllm_config: Any) -> dict[str, Any] | None:
+    """The bake's startup plan: whether it was on, the plan files vLLM saved in the vllm role
+    (each: its key and the KV-cache bytes, as vLLM wrote them), and the cache budget the engine
+    resolved, which the plan's key does not hold (versions.STARTUP_PLAN_UNKEYED).  None where
+    the installed vLLM has no startup plan."""
+    if not versions.has_startup_plan():
+        return None
+    cache = getattr(vllm_config, "cache_config", None)
+    rec: dict[str, Any] = {"enabled": os.environ.get(versions.STARTUP_PLAN_ENV, "0") not in ("", "0"),
+                           "budget": {k: getattr(cache, k, None) for k in versions.STARTUP_PLAN_UNKEYED},
+                           "plans": []}
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    d = Path(root) / versions.STARTUP_PLAN_DIR if root else None
+    for p in sorted(d.glob("startup_plan_*.json")) if d and d.is_dir() else []:
+        try:
+            doc = jsonio.load_document(p, "startup plan", 1 << 16)
+        except Exception:  # noqa: BLE001 - vLLM itself ignores an unreadable plan
+            continue
+        if isinstance(doc, dict):
+            rec["plans"].append({"file": p.name, "fingerprint": doc.get("fingerprint"),
+                                 "kv_cache_memory_bytes": doc.get("kv_cache_memory_bytes"),
+                                 "free_memory_baseline": doc.get("free_memory_baseline")})
+    return rec
 
 
 def prepare(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,

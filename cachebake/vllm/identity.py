@@ -51,6 +51,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from cachebake.vllm.versions import HashList, aot_hash_of_reprs, hash_factors, scheme_for
+
 PROBE_ENV = "CACHEBAKE_VLLM_PROBE"  # absolute path of the JSON-lines file the probe appends to
 MAX_VALUE_CHARS = 2048  # one factor value, as JSON
 MAX_TRACED = 4096  # traced source files recorded
@@ -110,19 +112,12 @@ def env_factor_values(factors: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def code_hash(paths: list[str] | set[str], read: Callable[[str], str] | None = None) -> str:
-    """vLLM's code hash (backends.py ``VllmBackend.__call__``): each traced file's path, then
-    its text, joined by newlines; "<string>" skipped; an unreadable file keeps its path only."""
-    parts: list[str] = []
-    for path in sorted(paths):
-        if path == "<string>":
-            continue
-        parts.append(path)
-        try:
-            parts.append(read(path) if read else _read_text(path))
-        except (OSError, UnicodeDecodeError):
-            continue
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+def code_hash(paths: list[str] | set[str], read: Callable[[str], str] | None = None,
+              version: str | None = None) -> str:
+    """vLLM's code hash over the traced files, as vLLM ``version`` computes it
+    (cachebake.vllm.versions; default: 0.24's sha256 of "path\\ntext\\n...", "<string>"
+    skipped, an unreadable file keeping its path only)."""
+    return scheme_for(version).code_hash(paths, read or _read_text)
 
 
 def _read_text(path: str) -> str:
@@ -130,18 +125,13 @@ def _read_text(path: str) -> str:
         return f.read()
 
 
-def hash_factors(items: dict[str, Any]) -> str:
-    """vLLM's ``hash_factors`` (config/utils.py): sha256 of the sorted-keys JSON, so that a
-    record's factors can be re-hashed where vLLM is not importable (tests hold the two equal)."""
-    return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
-
-
 def dir_hash(env_hash: str, config_hash: str, code: str, compiler_hash: str) -> str:
-    """The backend's cache dir name (backends.py): sha256 of the factor list's str, 10 hex."""
-    return hashlib.sha256(str([env_hash, config_hash, code, compiler_hash]).encode()).hexdigest()[:10]
+    """vLLM 0.24 .. 0.33's backend cache dir name (backends.py): sha256 of the factor list's
+    str, 10 hex (0.34's needs the factor dicts: ``versions.FactorDicts.dir_hash``)."""
+    return HashList().dir_hash(env_hash, config_hash, code, compiler_hash)
 
 
-def aot_hash(factors: list[str]) -> str:
+def aot_hash(factors: list[Any]) -> str:
     """The AOT artifact's dir name (decorators.py): sha256 of the factor list's str."""
     return hashlib.sha256(str(list(factors)).encode()).hexdigest()
 
@@ -204,32 +194,26 @@ def traced_records(paths: list[str] | set[str]) -> list[dict[str, Any]]:
     return out
 
 
-# torch 2.11 runs a backend under AOT compile inside this functorch patch
-# (torch/_dynamo/aot_compile.py ``aot_compile_fullgraph``), and vLLM's compiler hash is taken
-# inside the backend, so functorch's portable config (a factor of that hash) is the patched
-# one there.  A process that only asks what the hash would be (``verify --check-only``) is
-# outside it: it computes the factor under the same patch.  Measured on the H200 bake of
-# 2026-12-01: with it the check's digest is the engine's (sha256:0a242af4...), without it not.
-AOT_COMPILE_FUNCTORCH_PATCH = {"strict_autograd_cache": True, "bypass_autograd_cache_key": True,
-                               "bundled_autograd_cache": True,
-                               "force_non_lazy_backward_lowering": True,
-                               "force_autograd_cache": True}
+AOT_COMPILE_FUNCTORCH_PATCH = HashList.AOT_COMPILE_FUNCTORCH_PATCH
 
 
-def compiler_factors(aot_compile: bool = False) -> dict[str, Any]:
+def _installed_version() -> str | None:
+    import vllm
+
+    return getattr(vllm, "__version__", None)
+
+
+def compiler_factors(aot_compile: bool = False, version: str | None = None) -> dict[str, Any]:
     """What vLLM's compiler hash is made of (compiler_interface.py ``get_inductor_factors``:
     Inductor's system info, the torch key, Inductor's and functorch's portable configs), the
-    configs as digests.  ``aot_compile``: as the engine's backend sees them under torch's AOT
-    compile (``AOT_COMPILE_FUNCTORCH_PATCH``); inside the engine itself, leave it False."""
-    from vllm.compilation import compiler_interface as ci
+    configs as digests.  ``aot_compile``: as the engine's backend sees them under AOT compile
+    (the installed vLLM's scheme says how, cachebake.vllm.versions); inside the engine itself
+    under vLLM 0.24, leave it False."""
+    return summarize_inductor_factors(scheme_for(version or _installed_version()).inductor_factors(aot_compile))
 
-    if aot_compile:
-        import torch._functorch.config as functorch_config
 
-        with functorch_config.patch(AOT_COMPILE_FUNCTORCH_PATCH):
-            factors = ci.get_inductor_factors()
-    else:
-        factors = ci.get_inductor_factors()
+def summarize_inductor_factors(factors: list[Any]) -> dict[str, Any]:
+    """``get_inductor_factors``' list as recorded: system, torch key, config digests."""
     out: dict[str, Any] = {}
     if factors:
         out["system"] = factor_value(factors[0])
@@ -239,6 +223,21 @@ def compiler_factors(aot_compile: bool = False) -> dict[str, Any]:
     for i, name in ((2, "inductor_config"), (3, "functorch_config")):
         if len(factors) > i:
             out[name] = _digest(str(factors[i]))
+    return out
+
+
+def factor_reprs(factors: list[Any]) -> list[dict[str, Any]]:
+    """Each AOT hash factor as the record keeps it: the sha256 of its ``repr`` (what
+    ``str(factors)`` is made of), and the repr itself where it is small enough to keep, so a
+    check can rebuild the AOT dir name from its own values and the bake's
+    (``versions.aot_hash_of_reprs``)."""
+    out = []
+    for f in factors:
+        text = repr(f)
+        rec: dict[str, Any] = {"sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()}
+        if len(text) <= MAX_VALUE_CHARS:
+            rec["repr"] = text
+        out.append(rec)
     return out
 
 
@@ -265,7 +264,8 @@ def _wrap_backend(backends: Any) -> None:
 
     def __call__(self, graph, example_inputs):
         try:
-            traced = set(self.compilation_config.traced_files)  # cleared inside the call
+            # cleared inside the call; Path objects in vLLM 0.34, str in 0.24
+            traced = {str(p) for p in self.compilation_config.traced_files}
             before = _counters()
         except Exception:  # noqa: BLE001
             traced, before = None, None
@@ -285,24 +285,25 @@ def _wrap_backend(backends: Any) -> None:
 def _backend_record(backend: Any, traced: set[str], before: dict[str, int],
                     seconds: float) -> dict[str, Any]:
     import vllm.envs as envs
-    from vllm.config.utils import hash_factors
 
+    scheme = scheme_for(_installed_version())
     cfg = backend.vllm_config
     factors = envs.compile_factors()
     env_hash = hash_factors(factors)
-    config_hash = cfg.compute_hash()
-    compiler_hash = backend.compiler_manager.compute_hash(cfg)
-    code = code_hash(traced)
+    config_hash = scheme.config_hash(cfg)
+    compiler_hash = scheme.compiler_hash(backend, cfg)
+    code = scheme.code_hash(traced, _read_text)
+    everything = scheme.backend_factors(backend, cfg, factors, traced, _read_text)
     cache_dir = backend.compilation_config.cache_dir or ""
     return {
-        "event": "backend", "pid": os.getpid(), "rank": _rank(cfg),
+        "event": "backend", "pid": os.getpid(), "rank": _rank(cfg), "scheme": scheme.name,
         "prefix": backend.prefix, "seconds": round(seconds, 3),
         "cache_dir": cache_dir, "local_cache_dir": backend.compilation_config.local_cache_dir,
         "env_hash": env_hash, "config_hash": config_hash, "code_hash": code,
         "compiler_hash": compiler_hash,
-        "dir_hash": dir_hash(env_hash, config_hash, code, compiler_hash),
+        "dir_hash": scheme.dir_hash(env_hash, config_hash, code, compiler_hash, everything),
         "env_factors": env_factor_values(factors),
-        "compiler_factors": compiler_factors(),
+        "compiler_factors": summarize_inductor_factors(scheme.backend_inductor_factors(backend, cfg)),
         "traced_files": traced_records(traced),
         "counters": _delta(before),
     }
@@ -341,6 +342,7 @@ def _safe_aot_append(rec: dict[str, Any], model: Any, before: dict[str, int]) ->
         factors = list(aot_compile_hash_factors(model.vllm_config))
         factors.append(_model_hash_key(model.forward))
         rec.update(rank=_rank(model.vllm_config), aot_factors=[factor_value(f) for f in factors],
+                   aot_factor_reprs=factor_reprs(factors),
                    aot_hash=aot_hash(factors), counters=_delta(before))
     except Exception as e:  # noqa: BLE001
         rec["probe_error"] = repr(e)[:500]
@@ -400,7 +402,10 @@ def torch_compile_outcome(events: list[dict[str, Any]]) -> dict[str, Any]:
             out["aot"] = "compiled"
     for e in backends:
         c = e.get("counters") or {}
-        out["graphs_compiled"] += int(c.get("num_cache_entries_updated", 0) or 0)
+        # 0.24 counts a compiled graph in num_cache_entries_updated; 0.34's mega AOT bake
+        # writes no cache entry (it bundles the artifact), only num_inductor_compiles moves
+        out["graphs_compiled"] += max(int(c.get("num_cache_entries_updated", 0) or 0),
+                                      int(c.get("num_inductor_compiles", 0) or 0))
         out["graphs_loaded"] += int(c.get("num_compiled_artifacts_loaded", 0) or 0)
         if e.get("local_cache_dir"):
             out["cache_dirs"].append(e["local_cache_dir"])
@@ -482,47 +487,10 @@ def set_factors(factor_names: list[str], environ: dict[str, str] | None = None) 
     return out
 
 
-_capture = threading.local()
-
-
-def config_parts(vllm_config: Any) -> dict[str, Any]:
-    """Each sub-config's hash and, where vLLM builds it with ``hash_factors`` (model, cache,
-    parallel, compilation, attention...), the factor dict it hashed; the order and the parts
-    are VllmConfig.compute_hash's (config/vllm.py)."""
-    import dataclasses
-
-    import vllm.config.utils as cu
-
-    original = cu.hash_factors
-
-    def recording(items):
-        seen = getattr(_capture, "items", None)
-        if seen is not None:
-            seen.append(items)
-        return original(items)
-
-    parts: dict[str, Any] = {}
-    cu.hash_factors = recording
-    try:
-        for f in dataclasses.fields(vllm_config):
-            sub = getattr(vllm_config, f.name, None)
-            if sub is None or not callable(getattr(sub, "compute_hash", None)):
-                continue
-            _capture.items = []
-            try:
-                h = sub.compute_hash()
-            except Exception as e:  # noqa: BLE001 - record what could not be hashed
-                parts[f.name] = {"error": repr(e)[:300]}
-                continue
-            finally:
-                seen, _capture.items = _capture.items, None
-            entry: dict[str, Any] = {"hash": str(h)}
-            if seen and isinstance(seen[-1], dict):  # the outermost call comes last
-                entry["factors"] = {str(k): factor_value(v) for k, v in seen[-1].items()}
-            parts[f.name] = entry
-    finally:
-        cu.hash_factors = original
-    return parts
+def config_parts(vllm_config: Any, version: str | None = None) -> dict[str, Any]:
+    """Each sub-config's hash and the factor dict it hashed (``tensor_parallel_size`` under
+    ``parallel_config``...), as the installed vLLM computes them (``versions``)."""
+    return scheme_for(version or _installed_version()).config_parts(vllm_config, factor_value)
 
 
 def engine_args_values(engine_args: Any) -> dict[str, Any]:
@@ -625,6 +593,8 @@ def bake_identity(vllm_config: Any, kwargs: dict[str, Any], events: list[dict[st
     import vllm
     import vllm.envs as envs
 
+    version = getattr(vllm, "__version__", None)
+    scheme = scheme_for(version)
     with _only_environ(start_env):
         factors = envs.compile_factors()
         moved = path_factors(envs.compile_factors)
@@ -646,7 +616,7 @@ def bake_identity(vllm_config: Any, kwargs: dict[str, Any], events: list[dict[st
             pass
     identity: dict[str, Any] = {
         "schema": IDENTITY_SCHEMA,
-        "vllm_version": getattr(vllm, "__version__", None),
+        "vllm_version": version,
         "torch_version": str(torch.__version__),
         "python": sys.version.split()[0],
         "roots": install_roots(),
@@ -655,12 +625,14 @@ def bake_identity(vllm_config: Any, kwargs: dict[str, Any], events: list[dict[st
         "env_hash": hash_factors(factors),
         "path_factors": moved,
         "set_factors": were_set,
-        "config_hash": vllm_config.compute_hash(),
-        "config_parts": config_parts(vllm_config),
+        "hash_scheme": scheme.name,
+        "config_hash": scheme.config_hash(vllm_config),
+        "config_parts": config_parts(vllm_config, version),
         "engine_args": engine_args_values(engine_args) if engine_args is not None else None,
         "engine": {"probed": bool(backends or loads)},
         "cache_dirs": vllm_cache_dirs(os.environ.get("VLLM_CACHE_ROOT")),
-        "aot": [{"hash": e["aot_hash"], "rank": e.get("rank"), "factors": e.get("aot_factors")}
+        "aot": [{"hash": e["aot_hash"], "rank": e.get("rank"), "factors": e.get("aot_factors"),
+                 **({"factor_reprs": e["aot_factor_reprs"]} if e.get("aot_factor_reprs") else {})}
                 for e in loads],
     }
     if backends:

@@ -65,9 +65,9 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import (resolve_cache_hit_alignment_tokens,
                                              resolve_kv_cache_block_sizes)
-    from vllm.v1.worker.block_table import get_block_table_width
+    from cachebake.vllm.versions import (get_block_table_width, gpu_memory_utilization,
+                                         reserved_block_count, resolve_cudagraph_mode_and_sizes)
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
-    from vllm.v1.worker.gpu.warmup import _reserved_block_count
 
     vc, model = engine.vc, engine.model
     mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
@@ -85,10 +85,10 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
         kv_bytes = int(cc.kv_cache_memory_bytes)
         kv_source = "serve_args.kv_cache_memory_bytes"
     else:
-        kv_bytes = int(target["memory_gib"] * GiB * cc.gpu_memory_utilization
+        kv_bytes = int(target["memory_gib"] * GiB * gpu_memory_utilization(cc)
                        - weight_bytes - NON_KV_RESERVE_GIB * GiB)
         kv_source = (f"estimate: {target['memory_gib']:g} GiB x gpu_memory_utilization "
-                     f"{cc.gpu_memory_utilization:g} - weights - {NON_KV_RESERVE_GIB:g} GiB")
+                     f"{gpu_memory_utilization(cc):g} - weights - {NON_KV_RESERVE_GIB:g} GiB")
     if kv_bytes <= 0:
         raise BadInput(f"the weights ({weight_bytes / GiB:.1f} GiB per rank) do not leave KV-cache "
                        f"memory on a {target['memory_gib']:g} GiB GPU at this TP size")
@@ -109,7 +109,7 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
 
     mamba_group = next(g for g in kv_config.kv_cache_groups if mixer.prefix in g.layer_names)
     group_spec = mamba_group.kv_cache_spec
-    width = get_block_table_width(group_spec.max_num_blocks_per_req(vc, mc.max_model_len),
+    width = get_block_table_width()(group_spec.max_num_blocks_per_req(vc, mc.max_model_len),
                                   group_spec.block_size,
                                   token_alignment=group_spec.block_table_token_alignment)
     scheduler_block, hash_block = resolve_kv_cache_block_sizes(kv_config, vc)
@@ -122,8 +122,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
                       Mamba2AttentionMetadataBuilder.get_cudagraph_support(vc, mamba_spec),
                       key=lambda s: s.value)
     try:
-        cg_mode = comp.resolve_cudagraph_mode_and_sizes(
-            min_support, "MAMBA2_ATTN", decode_query_len, use_v2_model_runner=True,
+        cg_mode = resolve_cudagraph_mode_and_sizes(
+            comp, min_support, "MAMBA2_ATTN", decode_query_len, use_v2_model_runner=True,
             kv_cache_config=kv_config, max_num_reqs=sc.max_num_seqs,
             piecewise_capture_available=True)
     except ValueError as e:  # e.g. fewer Mamba blocks than max_num_seqs
@@ -142,8 +142,8 @@ def _plan(engine: Engine, serve_args, target, recipe) -> dict[str, Any]:
     group_specs = [g.kv_cache_spec for g in kv_config.kv_cache_groups]
 
     def block_count(n: int, spec) -> int:
-        return _reserved_block_count(n, spec, num_lookahead_tokens=vc.num_lookahead_tokens,
-                                     max_model_len=mc.max_model_len, max_encoder_len=0)
+        return reserved_block_count(n, spec, vllm_config=vc, num_lookahead_tokens=vc.num_lookahead_tokens,
+                                    max_model_len=mc.max_model_len, max_encoder_len=0)
 
     max_blocks_per_req = sum(block_count(decode_len, s) for s in group_specs)
     by_limit = {"max_num_seqs": sc.max_num_seqs,

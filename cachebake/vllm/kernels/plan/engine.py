@@ -25,6 +25,7 @@ import tempfile
 from typing import Any, Iterator
 
 from cachebake.errors import BadInput, Unsupported
+from cachebake.vllm.versions import uses_v2_runner
 
 GiB = 1 << 30
 
@@ -132,7 +133,7 @@ def engine_session(hf_config: dict[str, Any], serve_args: dict[str, Any],
 
 def _check_supported(vc) -> None:
     cc, pc = vc.cache_config, vc.parallel_config
-    if not vc.use_v2_model_runner:
+    if not uses_v2_runner(vc):
         raise Unsupported("vLLM would serve this configuration with its V1 model runner; "
                           "the kernels driver replays Model Runner V2 only")
     if str(getattr(vc.mamba_config.backend, "name", vc.mamba_config.backend)).upper() != "TRITON":
@@ -164,10 +165,13 @@ def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
         "check_and_update_config": classmethod(lambda c, vllm_config: None),
     }
     saved = {k: cls.__dict__.get(k) for k in answers}
-    saved_triton = config_vllm.HAS_TRITON
+    # 0.33 picks Model Runner V2 only with Triton (config/vllm.py:27, 745-760); 0.34 has no V1
+    # and no HAS_TRITON there (its CPU platform needs CUDA_VISIBLE_DEVICES= instead)
+    saved_triton = getattr(config_vllm, "HAS_TRITON", None)
     for k, v in answers.items():
         setattr(cls, k, v)
-    config_vllm.HAS_TRITON = True  # the GPU builder has Triton: Model Runner V2 applies
+    if saved_triton is not None:
+        config_vllm.HAS_TRITON = True  # the GPU builder has Triton: Model Runner V2 applies
     batch_defaults = EngineArgs.__dict__["get_batch_defaults"]
     EngineArgs.get_batch_defaults = classmethod(_target_batch_defaults(batch_defaults.__func__))
     try:
@@ -178,7 +182,8 @@ def _virtual_target(target: dict[str, Any]) -> Iterator[None]:
                 delattr(cls, k)
             else:
                 setattr(cls, k, v)
-        config_vllm.HAS_TRITON = saved_triton
+        if saved_triton is not None:
+            config_vllm.HAS_TRITON = saved_triton
         EngineArgs.get_batch_defaults = batch_defaults
 
 
