@@ -82,3 +82,43 @@ def fingerprint(target, out, gpu_from_torch, as_json):
         report.out = os.path.abspath(out)
         report.fingerprint.write(report.out)
     output(as_json).emit(report, render=render_fingerprint)
+
+
+@main.command()
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@click.option("--target", type=GPU_TARGET, help="Compare only this GPU target's bakes.")
+@click.option("--target-a", type=GPU_TARGET, help="Compare A's bake for this target ...")
+@click.option("--target-b", type=GPU_TARGET, help="... with B's bake for this one.")
+@JSON_OPTION
+def diff(a, b, target, target_a, target_b, as_json):
+    """Compare two artifacts' bakes: entries added, removed, changed, and why.
+
+    Per role: kernels (by name and specialization), autotune results (winner), helpers, vLLM's
+    torch.compile dirs; and the key factors that differ (Triton key, ptxas, GPU, environment,
+    vLLM compile factors, torch key, model, serve flags).  Exit 0: equal; 14: different;
+    15: no pair of bakes to compare."""
+    from cachebake.cli.render import render_diff
+    from cachebake.errors import Different
+    from cachebake.install.diff import diff_artifacts
+
+    report = diff_artifacts(a, b, target=target, target_a=target_a, target_b=target_b)
+    output(as_json).emit(report, render=render_diff)
+    if not report.equal:
+        raise Different(report.summary())
+
+
+@main.command()
+@click.argument("artifacts", nargs=-1, required=True, type=click.Path())
+@click.option("--out", "out", required=True, type=click.Path(),
+              help="The merged artifact (new, empty, or an artifact it replaces).")
+@JSON_OPTION
+def merge(artifacts, out, as_json):
+    """Merge artifacts into one: one bake per GPU target.
+
+    Every blob is verified; blobs the bakes share are stored once; two bakes for one target
+    are refused (exit 3).  `install` picks the local GPU's bake; `push` writes one tag per
+    target."""
+    from cachebake.artifact.merge import merge_artifacts
+
+    output(as_json).emit(merge_artifacts(list(artifacts), out))

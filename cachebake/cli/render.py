@@ -374,3 +374,45 @@ def render_misses(report, console: Console) -> None:
                       f"replica{'s' * (len(g.replicas) != 1)}, {safe(_short_time(g.first_seen))} .. "
                       f"{safe(_short_time(g.last_seen))} UTC, {g.seconds:.2f} s", highlight=False)
         console.print(f"        {printable(g.specialization)}", highlight=False, markup=False)
+
+
+# ---------------------------------------------------------------------------- diff
+
+def _val(value, limit: int = 70) -> str:
+    text = value if isinstance(value, str) else "-" if value is None else repr(value)
+    text = " ".join(str(text).split())
+    return safe(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
+def render_diff(report, console: Console) -> None:
+    """Factors first (the why), then each role's entries; every value from the artifacts
+    through ``safe``."""
+    if report.equal:
+        console.print(f"[green]equal[/]: {safe(report.a)} and {safe(report.b)} hold the same bakes")
+        return
+    for t in report.only_a:
+        console.print(f"[red]- bake {safe(t)}[/] only in A")
+    for t in report.only_b:
+        console.print(f"[green]+ bake {safe(t)}[/] only in B")
+    for d in report.bakes:
+        pair = safe(d.target_a) + ("" if d.target_a == d.target_b else f" vs {safe(d.target_b)}")
+        if d.equal:
+            console.print(f"[bold]{pair}[/]: equal")
+            continue
+        console.print(f"[bold]{pair}[/]: {len(d.added)} added, {len(d.removed)} removed, "
+                      f"{len(d.changed)} changed, " + ", ".join(f"{n} {safe(r)} same" for r, n in sorted(d.same.items())))
+        if d.factors:
+            console.print("  key factors that differ:")
+        for f in d.factors:
+            console.print(f"    {safe(f.category)}: {safe(f.factor)}: {_val(f.a)} -> {_val(f.b)}")
+        for c in d.changed:
+            console.print(f"  [yellow]~ {safe(c.a.role)} {safe(c.a.kind)} {safe(c.a.name)}[/] "
+                          f"({safe(', '.join(c.what))}): {safe(c.a.key[:24])} -> {safe(c.b.key[:24])}, "
+                          f"{c.a.bytes} -> {c.b.bytes} B; why: {safe(', '.join(c.why[:6]))}"
+                          + (" ..." if len(c.why) > 6 else ""))
+            if "winner" in c.what:
+                console.print(f"      winner {_val(c.a.detail.get('winner'))} -> {_val(c.b.detail.get('winner'))}")
+        for e in d.removed:
+            console.print(f"  [red]- {safe(e.role)} {safe(e.kind)} {safe(e.name)}[/] {safe(e.key[:24])} {e.bytes} B")
+        for e in d.added:
+            console.print(f"  [green]+ {safe(e.role)} {safe(e.kind)} {safe(e.name)}[/] {safe(e.key[:24])} {e.bytes} B")
