@@ -124,3 +124,25 @@ def test_push_of_a_merged_artifact_tags_each_target(engines, two, tmp_path):
                 p["reference"].rsplit(":", 1)[1], "--json")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["layer_digest"] == p["layer_digest"]
+    # and back: the two tags merged into one artifact again, image for image
+    again = tmp_path / "M2"
+    r = cli("merge", *(p["reference"] for p in pushed), "--out", again, "--json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(r.stdout)["targets"]) == ["cuda:120", "cuda:90"]
+    for t in ("cuda:90", "cuda:120"):
+        assert open_artifact(again).select(t).layer_digest == open_artifact(merged).select(t).layer_digest
+
+
+def test_a_blob_that_is_a_link_is_not_followed(two, tmp_path):
+    """A layout whose layer blob is a symlink to the real bytes elsewhere: the reader opens
+    blobs without following links, so the merge refuses it and writes nothing."""
+    bad = tmp_path / "bad"
+    shutil.copytree(two / "B120", bad)
+    ref = open_artifact(bad).select()
+    layer = bad / "blobs" / "sha256" / ref.layer_digest.split(":")[1]
+    elsewhere = tmp_path / "elsewhere"
+    layer.rename(elsewhere)
+    layer.symlink_to(elsewhere)
+    r = CliRunner().invoke(main, ["merge", str(two / "A90"), str(bad), "--out", str(tmp_path / "M")])
+    assert r.exit_code in (ExitCode.CORRUPT, ExitCode.UNSAFE, ExitCode.BAD_INPUT), r.output
+    assert not (tmp_path / "M").exists() and "Traceback" not in r.output

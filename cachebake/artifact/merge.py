@@ -24,7 +24,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake import jsonio
 from cachebake.artifact import oci
 from cachebake.artifact.pack import (_TMP_PREFIX, _Outcome, _Steps, _fsync_tree, _summary,
                                      _swap_into_place, _world_readable, check_out, clean_leftovers,
@@ -90,6 +89,21 @@ def merge_artifacts(sources: list[os.PathLike | str], out: os.PathLike | str,
         raise from_os_error(e, out, "cannot write the artifact", hint=outcome.left()) from None
 
 
+def _copy_verified(layout: Path, desc: dict, target: Path) -> None:
+    """Copy one blob, opened as a regular file (no link followed) and checked against its
+    digest and size again as it is copied: verified a moment ago, it may have changed since."""
+    src = oci.VerifyingReader.open(oci.blob_path(layout, desc["digest"]), desc["digest"], desc["size"])
+    try:
+        with open(target, "xb") as f:
+            while chunk := src.read(_CHUNK):
+                f.write(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    finally:
+        src.close()
+
+
 def _write(out: Path, chosen, outcome: _Outcome, step: _Steps) -> MergeReport:
     import fcntl
 
@@ -104,8 +118,7 @@ def _write(out: Path, chosen, outcome: _Outcome, step: _Steps) -> MergeReport:
     try:
         entries, summaries = [], {}
         for key, (src, art, desc, ref) in sorted(chosen.items()):
-            manifest = jsonio.parse_json(oci.blob_path(art.layout, desc["digest"]).read_bytes(),
-                                         "image manifest")  # verified by select() above
+            manifest = art.read_json_blob(desc, f"blob {desc['digest'][:19]} (image manifest)")
             extra = [ref.manifest.record] if ref.manifest.record else []
             for d in (desc, manifest["config"], *manifest["layers"], *extra):
                 uses[d["digest"]] = uses.get(d["digest"], 0) + 1
@@ -113,7 +126,7 @@ def _write(out: Path, chosen, outcome: _Outcome, step: _Steps) -> MergeReport:
                 if target.exists():
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(oci.blob_path(art.layout, d["digest"]), target)
+                _copy_verified(art.layout, d, target)
                 step("blob")
             # the index entry as pack writes it: ref.name sm_90 + the target annotation
             entries.append({**desc, "annotations": {**(desc.get("annotations") or {}), oci.ANN_TARGET: key,

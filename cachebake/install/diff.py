@@ -41,7 +41,8 @@ from cachebake.errors import BadInput, CachebakeError, NotComparable
 
 MAX_SOURCE = 8 << 20  # bytes of a kernel's .source read for its signature line
 MAX_META = 1 << 20  # a kernel's or autotune result's JSON
-MAX_FACTOR_DEPTH = 6  # nested dicts flattened into dotted factor names
+MAX_FACTOR_DEPTH = 6
+_CHUNK = 1 << 20  # nested dicts flattened into dotted factor names
 
 # What each factor category costs, and which roles it invalidates.
 CATEGORIES = {
@@ -237,11 +238,16 @@ def ir_signature(source: bytes, name: str) -> str | None:
 
 
 def _files_digest(root: Path, files: list[Path]) -> tuple[int, str]:
+    """Bytes and one sha256 over (path, sha256 of content) of ``files``, read in chunks (a
+    vLLM artifact can be hundreds of MB); the tree is the one extract wrote (no links)."""
     h, size = hashlib.sha256(), 0
     for f in sorted(files):
-        data = f.read_bytes()
-        size += len(data)
-        h.update(os.fsencode(f.relative_to(root)) + b"\0" + hashlib.sha256(data).digest())
+        one = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                one.update(chunk)
+                size += len(chunk)
+        h.update(os.fsencode(f.relative_to(root)) + b"\0" + one.digest())
     return size, h.hexdigest()
 
 
@@ -295,8 +301,10 @@ def triton_entries(root: Path, record=None) -> list[Entry]:
             else:
                 src = key_dir / f"{kernels[0][:-5]}.source"
                 sig = None
-                if src.is_file():
+                try:  # a kernel without its IR, or an oversized one, is listed by its options alone
                     sig = ir_signature(jsonio.read_document(src, src.name, MAX_SOURCE), name)
+                except (CachebakeError, FileNotFoundError):
+                    sig = None
                 opts = {k: meta.get(k) for k in ("num_warps", "num_stages", "num_ctas", "maxnreg")}
                 detail["specialization"] = jsonio.dumps({"signature": sig, "options": opts}, sort_keys=True)
             out.append(Entry("triton", "kernel", name, f"kernel {name} {detail['specialization']}",
