@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import tarfile
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from cachebake.artifact.oci import open_artifact
 from cachebake.artifact.pack import pack_artifact, parse_root
 from cachebake.cli import main
 from cachebake.errors import ExitCode, NotComparable
-from cachebake.install.diff import diff_artifacts, ir_signature
+from cachebake.install.diff import bake_entries, diff_artifacts, ir_signature
 
 VLLM_BAKE = Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
 EXTRA = [("clamp_kernel", {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "LIMIT": "constexpr",
@@ -125,41 +125,56 @@ def test_ir_signature_strips_locations():
 @pytest.fixture(scope="module")
 def vllm_bake(tmp_path_factory):
     base = tmp_path_factory.mktemp("vllm")
-    with tarfile.open(VLLM_BAKE) as t:
-        t.extractall(base, filter="data")
+    # tests/data, ours: GNU tar (the no-data-filter CI job runs a Python without filter=)
+    subprocess.run(["tar", "-xf", str(VLLM_BAKE), "-C", str(base)], check=True)
     return base / "cachebake-nemotron-h"
 
 
-def test_real_vllm_bake_flag_change_named(vllm_bake, tmp_path):
-    """The H200 bake, repacked with the bake record of a server flag it was not baked for
-    (--mamba-ssm-cache-dtype bfloat16): diff names the flag in vLLM's cache_config and the
-    serve args, and lists the bake's real entries."""
-    import dataclasses
-
-    from cachebake.install import extract
-
+def test_real_vllm_bake_entries(vllm_bake, tmp_path):
+    """The H200 bake's entries as diff lists them: its kernels by specialization, its autotune
+    results, its launcher helpers, vLLM's backend dir and AOT dir."""
     art = open_artifact(vllm_bake)
     ref = art.select()
-    root = tmp_path / "root"
-    limits = extract.LayerLimits.from_manifest(ref.manifest, ref.layer_size, (str(root),))
-    with art.open_layer(ref) as c:
-        extract.extract_to(c, limits, root)
-    bake = json.loads(json.dumps(ref.manifest.bake.to_json()))
-    bake["serve_args"]["mamba_ssm_cache_dtype"] = "bfloat16"
-    parts = bake["compile_identity"]["config_parts"]
-    parts["cache_config"]["factors"]["mamba_ssm_cache_dtype"] = "bfloat16"
-    fp = {k: v for k, v in dataclasses.asdict(ref.manifest.fingerprint).items() if k != "target"}
+    entries = bake_entries(art, ref, tmp_path / "x")
+    kinds = {}
+    for e in entries:
+        kinds.setdefault((e.role, e.kind), []).append(e)
+    inv = ref.manifest.inventory
+    assert len(kinds["triton", "kernel"]) == len(inv.kernels) == 132
+    assert len(kinds["triton", "autotune"]) == len(inv.autotune)
+    assert [e.name for e in kinds["vllm", "compile-dir"]] == ["rank_0_0/backbone"]
+    assert kinds["vllm", "compile-dir"][0].key == "torch_compile_cache/b5f17cf9b9/rank_0_0/backbone"
+    assert len(kinds["vllm", "aot"]) == 1
+    # specializations from the bake's own compile record where it has the kernel
+    assert any("source_hash" in e.detail for e in kinds["triton", "kernel"])
+
+
+def test_real_vllm_bake_flag_change_named(vllm_bake, tmp_path):
+    """The H200 bake's image again, its bake record saying the server flag it was not baked for
+    (--mamba-ssm-cache-dtype bfloat16), beside the same layer (what a bake with that flag
+    records; its cache would differ too, which needs the GPU): diff names the flag in vLLM's
+    cache_config and in the serve args."""
+    from cachebake.artifact import oci
+    from cachebake.artifact.manifest import BakeManifest
+
     other = tmp_path / "other"
-    pack_artifact([parse_root(f"triton={root / 'triton'}"), parse_root(f"vllm={root / 'vllm'}")],
-                  other, target="sm_90", bake=bake, layer_root=ref.manifest.layer_root,
-                  fingerprint_from=fp)
-    report = diff_artifacts(str(vllm_bake), str(other))
-    d = report.bakes[0]
-    factors = {f.factor: (f.category, f.a, f.b) for f in d.factors}
-    assert factors["cache_config.mamba_ssm_cache_dtype"] == ("vLLM compile factors", "float32", "bfloat16")
-    assert factors["serve_args.mamba_ssm_cache_dtype"][0] == "serve flags"
-    assert not report.equal
-    # the same cache files: every entry of both roles is listed as the same
-    assert d.added == d.removed == d.changed == []
-    assert d.same["triton"] == len(list((root / "triton").iterdir()))
-    assert d.same["vllm"] >= 3  # the backend dir, the AOT dir, modelinfos
+    shutil.copytree(vllm_bake, other)
+    art = open_artifact(other)
+    ref = art.select()
+    doc = ref.manifest.to_dict()
+    doc["bake"]["serve_args"]["mamba_ssm_cache_dtype"] = "bfloat16"
+    doc["bake"]["compile_identity"]["config_parts"]["cache_config"]["factors"]["mamba_ssm_cache_dtype"] = "bfloat16"
+    manifest = BakeManifest.from_dict(doc)
+    desc = oci.add_image(other, manifest)
+    oci.write_index(other, [desc], {manifest.target: {"manifest_digest": desc["digest"], **manifest.to_dict()}})
+    r = CliRunner().invoke(main, ["diff", str(vllm_bake), str(other), "--json"])
+    assert r.exit_code == ExitCode.DIFFERENT, r.output
+    d = json.loads(r.output.split("\ncachebake: error")[0])["bakes"][0]
+    factors = {f["factor"]: f for f in d["factors"]}
+    assert set(factors) == {"cache_config.mamba_ssm_cache_dtype", "serve_args.mamba_ssm_cache_dtype"}
+    f = factors["cache_config.mamba_ssm_cache_dtype"]
+    assert (f["category"], f["a"], f["b"], f["roles"]) == ("vLLM compile factors", "float32", "bfloat16", ["vllm"])
+    assert factors["serve_args.mamba_ssm_cache_dtype"]["category"] == "serve flags"
+    assert d["same_layer"]
+    t = CliRunner().invoke(main, ["diff", str(vllm_bake), str(other)])
+    assert "cache_config.mamba_ssm_cache_dtype: float32 -> bfloat16" in t.output

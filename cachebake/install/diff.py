@@ -470,7 +470,7 @@ def diff_artifacts(a: str, b: str, *, target: str | None = None, target_a: str |
         for i, (x, y) in enumerate(pairs):
             ref_a, ref_b = src_a.select(x), src_b.select(y)
             d = BakeDiff(x, y, key_factors(ref_a.manifest, ref_b.manifest))
-            if ref_a.layer_digest == ref_b.layer_digest and not d.factors:
+            if ref_a.layer_digest == ref_b.layer_digest:  # one layer: every entry the same
                 d.same_layer = True
             else:
                 ea = bake_entries(src_a, ref_a, Path(tmp) / f"a{i}")
