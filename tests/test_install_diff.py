@@ -16,7 +16,7 @@ from cachebake.artifact.oci import open_artifact
 from cachebake.artifact.pack import pack_artifact, parse_root
 from cachebake.cli import main
 from cachebake.errors import ExitCode, NotComparable
-from cachebake.install.diff import bake_entries, diff_artifacts, ir_signature
+from cachebake.install.diff import bake_entries, diff_artifacts, ir_signature, short_spec
 
 VLLM_BAKE = Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar"
 EXTRA = [("clamp_kernel", {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "LIMIT": "constexpr",
@@ -120,6 +120,12 @@ def test_ir_signature_strips_locations():
            b'%n: i32 loc("n"(#loc3))) attributes {noinline = false} {\n')
     assert ir_signature(src, "k") == "%x: !tt.ptr<f32> {tt.divisibility = 16 : i32}, %n: i32"
     assert ir_signature(src, "other") is None
+    spec = json.dumps({"signature": ir_signature(src, "k"), "options": {"num_warps": 4, "num_stages": 3}})
+    assert short_spec(spec) == "*f32:16,i32 stages=3 warps=4"
+    record_form = json.dumps({"signature": [["x", "*fp16"], ["n", "i32"], ["B", "constexpr"]],
+                              "constexprs": [[[2], 128]], "options": {"num_warps": 8}})
+    assert short_spec(record_form) == "*fp16,i32 [2]=128 warps=8"
+    assert short_spec("not json") == "" and short_spec(None) == ""
 
 
 @pytest.fixture(scope="module")

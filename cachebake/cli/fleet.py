@@ -141,9 +141,27 @@ def bake_job(gpus, models, builder_image, repository, driver, gpus_per_bake, pul
 # ---------------------------------------------------------------------------- diff
 
 def _val(value, limit: int = 70) -> str:
+    """One value, one line; a long one cut, with a hash of the whole so two that share a
+    prefix (Triton keys) still show as different."""
+    import hashlib
+
     text = value if isinstance(value, str) else "-" if value is None else repr(value)
     text = " ".join(str(text).split())
-    return safe(text if len(text) <= limit else text[:limit - 3] + "...")
+    if len(text) > limit:
+        text = f"{text[:limit - 24]}... (sha256 {hashlib.sha256(text.encode()).hexdigest()[:10]})"
+    return safe(text)
+
+
+MAX_FACTORS_SHOWN = 20  # in text; --json has them all
+
+
+def _entry(e) -> str:
+    from cachebake.install.diff import short_spec
+
+    spec = short_spec(e.detail.get("specialization")) if e.kind == "kernel" else ""
+    key = e.detail.get("tuning_key") if e.kind == "autotune" else None
+    return (f"{safe(e.role)} {safe(e.kind)} {safe(e.name)}" + (f" [{safe(spec)}]" if spec else "")
+            + (f" {_val(key, 50)}" if key is not None else ""))
 
 
 def render_diff(report, console) -> None:
@@ -161,20 +179,25 @@ def render_diff(report, console) -> None:
         if d.equal:
             console.print(f"[bold]{pair}[/]: equal")
             continue
+        same = ("; every entry the same (one layer)" if d.same_layer else
+                "".join(f", {n} {safe(r)} same" for r, n in sorted(d.same.items())))
         console.print(f"[bold]{pair}[/]: {len(d.added)} added, {len(d.removed)} removed, "
-                      f"{len(d.changed)} changed, " + ", ".join(f"{n} {safe(r)} same" for r, n in sorted(d.same.items())))
+                      f"{len(d.changed)} changed{same}")
         if d.factors:
             console.print("  key factors that differ:")
-        for f in d.factors:
-            console.print(f"    {safe(f.category)}: {safe(f.factor)}: {_val(f.a)} -> {_val(f.b)}")
+        for f in d.factors[:MAX_FACTORS_SHOWN]:
+            name = safe(f.factor) if f.factor == f.category else f"{safe(f.category)}: {safe(f.factor)}"
+            console.print(f"    {name}: {_val(f.a)} -> {_val(f.b)}")
+        if len(d.factors) > MAX_FACTORS_SHOWN:
+            console.print(f"    ... {len(d.factors) - MAX_FACTORS_SHOWN} more (--json lists them all)")
         for c in d.changed:
-            console.print(f"  [yellow]~ {safe(c.a.role)} {safe(c.a.kind)} {safe(c.a.name)}[/] "
+            console.print(f"  [yellow]~ {_entry(c.a)}[/] "
                           f"({safe(', '.join(c.what))}): {safe(c.a.key[:24])} -> {safe(c.b.key[:24])}, "
                           f"{c.a.bytes} -> {c.b.bytes} B; why: {safe(', '.join(c.why[:6]))}"
                           + (" ..." if len(c.why) > 6 else ""))
             if "winner" in c.what:
                 console.print(f"      winner {_val(c.a.detail.get('winner'))} -> {_val(c.b.detail.get('winner'))}")
         for e in d.removed:
-            console.print(f"  [red]- {safe(e.role)} {safe(e.kind)} {safe(e.name)}[/] {safe(e.key[:24])} {e.bytes} B")
+            console.print(f"  [red]- {_entry(e)}[/] {safe(e.key[:24])} {e.bytes} B")
         for e in d.added:
-            console.print(f"  [green]+ {safe(e.role)} {safe(e.kind)} {safe(e.name)}[/] {safe(e.key[:24])} {e.bytes} B")
+            console.print(f"  [green]+ {_entry(e)}[/] {safe(e.key[:24])} {e.bytes} B")

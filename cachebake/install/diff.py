@@ -194,8 +194,11 @@ def key_factors(a: BakeManifest, b: BakeManifest) -> list[Factor]:
             out.append(Factor(category, name, va, vb))
     _differ("environment", "env", dict(fa.env), dict(fb.env), out)
     ra, rb = a.bake.to_json(), b.bake.to_json()
-    ia, ib = ra.get("compile_identity") or {}, rb.get("compile_identity") or {}
-    if not isinstance(ia, dict) or not isinstance(ib, dict):
+    ia, ib = ra.get("compile_identity"), rb.get("compile_identity")
+    ia, ib = (ia if isinstance(ia, dict) else {}), (ib if isinstance(ib, dict) else {})
+    if bool(ia) != bool(ib):  # one bake records vLLM's identity, the other is no vLLM bake
+        out.append(Factor("vLLM compile factors", "compile_identity", "recorded" if ia else None,
+                          "recorded" if ib else None))
         ia, ib = {}, {}
     _differ("vLLM compile factors", "vllm env", ia.get("env_factors"), ib.get("env_factors"), out)
     parts_a = {k: (v or {}).get("factors") if isinstance(v, dict) else v
@@ -235,6 +238,36 @@ def ir_signature(source: bytes, name: str) -> str | None:
     line = _LOC.sub("", line)
     line = line.rsplit(") attributes", 1)[0].rstrip(" {")
     return line.rstrip(")")
+
+
+_IR_ARG = re.compile(r"%[\w.$-]+:\s*(?:!tt\.ptr<(\w+)>|(\w+))(\s*\{tt\.divisibility = 16 : i32\})?")
+
+
+def short_spec(spec: str | None, limit: int = 90) -> str:
+    """A specialization as people compare them: argument types (``*`` a pointer, ``:16``
+    divisible by 16), constexprs, warps and stages; from the record's or the IR's form."""
+    try:
+        doc = jsonio.parse_json(spec or "null", "specialization")
+    except CachebakeError:
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    parts = []
+    sig = doc.get("signature")
+    if isinstance(sig, str):
+        parts.append(",".join(f"{'*' + m[1] if m[1] else m[2]}{':16' if m[3] else ''}"
+                              for m in _IR_ARG.finditer(sig)))
+    elif isinstance(sig, list):
+        parts.append(",".join(str(t[1]) for t in sig if isinstance(t, list) and len(t) == 2
+                              and t[1] != "constexpr"))
+    consts = doc.get("constexprs")
+    if isinstance(consts, list) and consts:
+        parts.append(" ".join(f"{c[0]}={c[1]}" for c in consts if isinstance(c, list) and len(c) == 2))
+    opts = doc.get("options") if isinstance(doc.get("options"), dict) else {}
+    parts.append(" ".join(f"{k[4:] if k.startswith('num_') else k}={v}" for k, v in sorted(opts.items())
+                          if v is not None and k in ("num_warps", "num_stages")))
+    text = " ".join(p for p in parts if p)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _files_digest(root: Path, files: list[Path]) -> tuple[int, str]:
