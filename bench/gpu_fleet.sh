@@ -61,8 +61,8 @@ else
   SRC90="$W/work/bake"
 fi
 
-step "4. an sm_120 replay of the bake (no sm_120 GPU needed)"
-"${CB[@]}" replay "$W/work/bake" --target sm_120 --out "$W/b120" --jobs 8 --json >"$LOGS/replay.json" 2>"$LOGS/replay.err"
+step "4. an sm_120 replay of the bake (no sm_120 GPU needed; --partial: Inductor kernels of a vllm bake do not replay)"
+"${CB[@]}" replay "$W/work/bake" --target sm_120 --out "$W/b120" --jobs 8 --partial --json >"$LOGS/replay.json" 2>"$LOGS/replay.err"
 record replay_sm120 $?
 
 step "5. merge sm_90 ($SRC90) + sm_120 -> $W/merged"
