@@ -48,6 +48,8 @@ class ExitCode(enum.IntEnum):
     LOCKED = 11  # install: could not take the install lock in time
     STALLED = 12  # install docker://...: the registry stopped sending (--stall-timeout)
     SIGNATURE = 13  # install --verify-key: no signature by a trusted key over the image's digest
+    DIFFERENT = 14  # diff: the two bakes differ (not a failure: the report says how)
+    NOT_COMPARABLE = 15  # diff: no pair of bakes to compare (no common target, several each)
     INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, as shells report it
 
 
@@ -169,6 +171,19 @@ class SignatureRefused(CachebakeError):
     """``install --verify-key``: the image is unsigned, or no signature verifies with a trusted key."""
 
     code = ExitCode.SIGNATURE
+
+
+class Different(CachebakeError):
+    """``diff``: the two bakes differ; the report (printed before) says how and why."""
+
+    code = ExitCode.DIFFERENT
+
+
+class NotComparable(CachebakeError):
+    """``diff``: the two artifacts hold no pair of bakes to compare (each has several bakes
+    and they share no GPU target)."""
+
+    code = ExitCode.NOT_COMPARABLE
 
 
 class Interrupted(CachebakeError):

@@ -8,8 +8,8 @@ envelope for scripts (``output``); option values are converted and refused at pa
 """
 
 try:
-    from cachebake.cli import (artifact, bake, distribute, install, recipes, replay,  # noqa: F401,E402
-                               serve, sign)
+    from cachebake.cli import (artifact, bake, distribute, fleet, install, recipes,  # noqa: F401,E402
+                               replay, serve, sign)
     from cachebake.cli.app import main
 except KeyboardInterrupt:  # Ctrl-C while the command line is still being imported: one line
     from cachebake.errors import ExitCode, Interrupted, print_error

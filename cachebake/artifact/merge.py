@@ -1,0 +1,152 @@
+"""merge: several artifacts' bakes into one artifact, one bake per GPU target.
+
+A build farm bakes each GPU target on a machine of its own (the bake Job of
+cachebake.distribute.bakejob, a replay for a GPU nobody has at hand); ``merge`` puts the results
+into one OCI layout whose index has one image per target, the layout ``pack`` writes when it
+adds a target to an artifact.  ``install`` then picks the local GPU's bake (its ``--target``,
+else the serving GPU's), and ``push`` writes one tag per target (``REPO:sm_90``): an image
+volume names one tag, because a kubelet mounting an index takes its first child (an OCI
+index's ``platform`` selects a CPU, not a GPU).
+
+Every image carried over is read as install reads it: manifest and config through their
+digests, the manifest schema-checked, the layer streamed through the verifying reader, the
+compile record through its digest.  Blobs are content-addressed, so what two bakes share (a
+compile record, a config) is stored once.  Two bakes for one target are refused, naming both
+artifacts: which one is meant is the user's call.  ``--out`` is written as pack writes it: in a
+temp sibling swapped into place, so it is the old artifact or the merged one, never neither.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachebake.artifact import oci
+from cachebake.artifact.pack import (_TMP_PREFIX, _Outcome, _Steps, _fsync_tree, _summary,
+                                     _swap_into_place, _world_readable, check_out, clean_leftovers,
+                                     no_checkpoint)
+from cachebake.gpu import GPUTargetSpec
+from cachebake.errors import BadInput, DeferredInterrupt, Interrupted, from_os_error
+
+_CHUNK = 1 << 20
+
+
+@dataclass
+class MergeReport:
+    out: Path
+    bakes: dict[str, dict] = field(default_factory=dict)  # target -> source, manifest digest
+    blobs: int = 0  # distinct blobs in the merged layout
+    shared: int = 0  # blobs more than one bake references, stored once
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted(self.bakes)
+
+    def to_dict(self) -> dict:
+        return {"out": str(self.out), "targets": self.targets, "bakes": self.bakes,
+                "blobs": self.blobs, "shared_blobs": self.shared}
+
+    def render(self, console) -> None:
+        from rich.markup import escape
+
+        console.print(f"merged {len(self.bakes)} bakes into [bold]{escape(str(self.out))}[/] "
+                      f"({self.blobs} blobs, {self.shared} shared)")
+        for t, b in sorted(self.bakes.items()):
+            console.print(f"  {escape(t)}: {escape(b['source'])} image {escape(b['manifest_digest'])}")
+
+
+def merge_artifacts(sources: list[os.PathLike | str], out: os.PathLike | str,
+                    checkpoint=no_checkpoint) -> MergeReport:
+    if len(sources) < 2:
+        raise BadInput("merge needs at least two artifacts")
+    out = check_out(out)
+    # read and verify everything before writing anything
+    chosen: dict[str, tuple[str, oci.Artifact, dict, oci.BakeRef]] = {}
+    for src in sources:
+        art = oci.open_artifact(src)
+        for key, desc in sorted(art.entries_by_target().items()):
+            if key in chosen:
+                raise BadInput(f"two bakes for {key}: in {chosen[key][0]} and in {os.fspath(src)}; "
+                               "merge takes one bake per GPU target",
+                               hint="leave one out, or `diff` them to choose")
+            ref = art.select(key)
+            with art.open_layer(ref) as reader:  # digest and size, at EOF
+                while reader.read(_CHUNK):
+                    pass
+            if ref.manifest.record:
+                art.read_json_blob(ref.manifest.record)  # digest-checked
+            chosen[key] = (os.fspath(src), art, desc, ref)
+    outcome = _Outcome(out)
+    try:
+        with DeferredInterrupt() as interrupts:
+            return _write(out, chosen, outcome, _Steps(checkpoint, interrupts))
+    except KeyboardInterrupt:
+        raise Interrupted(outcome.left()) from None
+    except OSError as e:
+        raise from_os_error(e, out, "cannot write the artifact", hint=outcome.left()) from None
+
+
+def _copy_verified(layout: Path, desc: dict, target: Path) -> None:
+    """Copy one blob, opened as a regular file (no link followed) and checked against its
+    digest and size again as it is copied: verified a moment ago, it may have changed since."""
+    src = oci.VerifyingReader.open(oci.blob_path(layout, desc["digest"]), desc["digest"], desc["size"])
+    try:
+        with open(target, "xb") as f:
+            while chunk := src.read(_CHUNK):
+                f.write(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    finally:
+        src.close()
+
+
+def _write(out: Path, chosen, outcome: _Outcome, step: _Steps) -> MergeReport:
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(out)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX % out.name, dir=out.parent))
+    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    old = None
+    report = MergeReport(out)
+    uses: dict[str, int] = {}
+    try:
+        entries, summaries = [], {}
+        for key, (src, art, desc, ref) in sorted(chosen.items()):
+            manifest = art.read_json_blob(desc, f"blob {desc['digest'][:19]} (image manifest)")
+            extra = [ref.manifest.record] if ref.manifest.record else []
+            for d in (desc, manifest["config"], *manifest["layers"], *extra):
+                uses[d["digest"]] = uses.get(d["digest"], 0) + 1
+                target = oci.blob_path(tmp, d["digest"])
+                if target.exists():
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _copy_verified(art.layout, d, target)
+                step("blob")
+            # the index entry as pack writes it: ref.name sm_90 + the target annotation
+            entries.append({**desc, "annotations": {**(desc.get("annotations") or {}), oci.ANN_TARGET: key,
+                                                    oci.REF_NAME: GPUTargetSpec.parse(key).ref_name}})
+            summaries[key] = _summary(ref.manifest, desc["digest"])
+            report.bakes[key] = {"source": src, "manifest_digest": desc["digest"],
+                                 "layer_digest": ref.layer_digest}
+        oci.write_index(tmp, entries, summaries)
+        _world_readable(tmp)
+        _fsync_tree(tmp)
+        step("written")
+        old = _swap_into_place(tmp, out, outcome, step)
+    except BaseException:
+        if not outcome.swapped:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(lock_fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    report.blobs = len(uses)
+    report.shared = sum(1 for n in uses.values() if n > 1)
+    return report
