@@ -57,7 +57,6 @@ import os
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -220,7 +219,7 @@ class Log:
     def __call__(self, msg: str) -> None:
         line = f"pod_runner: {msg}"
         self.f.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+        print(line, flush=True)
 
 
 def rootfs_layers(work: Path, base: str = "/") -> list[dict]:

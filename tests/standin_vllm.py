@@ -133,8 +133,10 @@ seen = []
 triton.knobs.compilation.listener = lambda **kw: seen.append(kw["cache_hit"])
 fn, sig, consts = aot_kernels.SPECS[0]
 k = triton.compile(ASTSource(fn, sig, constexprs={"BLOCK": 1024}, attrs={}), target=GPUTarget("cuda", 90, 32))
+from triton.runtime.cache import get_cache_manager
+manager = type(get_cache_manager(k.hash))  # TRITON_CACHE_MANAGER's class, else FileCacheManager
 print(json.dumps({"hits": seen.count(True), "misses": seen.count(False), "key": k.hash,
-                  "manager": triton.knobs.cache.manager_class.__module__ + ":" + triton.knobs.cache.manager_class.__qualname__}))
+                  "manager": f"{manager.__module__}:{manager.__qualname__}"}))
 """
 miss = subprocess.run([sys.executable, "-c", _MISS, os.path.dirname(kernels)], capture_output=True, text=True)
 if miss.returncode != 0:
