@@ -659,6 +659,11 @@ def run_dockerfile(a) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = Log(work / "runner.log")
     sys_unshare_mounts()
+    # The stages' files live on a tmpfs of this runner's own: overlayfs refuses a lower layer
+    # inside another (a stage's output under the host root, ELOOP), and a builder's layers are
+    # not the host's files either.  They go when the runner exits.
+    (work / "stages").mkdir(exist_ok=True)
+    sys_mount("tmpfs", str(work / "stages"), "tmpfs", 0, "mode=0755")
     runner = Runner(work, log, dict(a.image_env), {})
     args = dict(a.build_arg)
     given = dict(a.stage_dir)
@@ -701,7 +706,7 @@ def run_dockerfile(a) -> int:
         if cur is None:
             raise Refused(f"{where}: before any FROM")
         cur.instrs.append((word, rest, line, where))
-    needed = _needed(stages, a.target)
+    needed = _needed(stages, a.target, set(given))
     for st in order:
         if st.name not in needed:
             log(f"stage {st.name}: not needed for {a.target}, skipped")
@@ -721,7 +726,8 @@ def run_dockerfile(a) -> int:
     final = stages[a.target]
     if a.run is None:
         return 0
-    argv = list(final.entrypoint or []) + (list(a.run) if a.run else list(final.cmd or []))
+    entry = json.loads(a.entrypoint) if a.entrypoint is not None else final.entrypoint
+    argv = list(entry or []) + (list(a.run) if a.run else list(final.cmd or []))
     if not argv:
         raise Refused(f"stage {final.name}: no ENTRYPOINT or CMD and nothing to run")
     c = _stage_container(runner, final, "run", argv)
@@ -739,15 +745,21 @@ def run_dockerfile(a) -> int:
     return 0 if stopping or c.proc.returncode == 0 else EXIT_SERVER_FAILED
 
 
-def _needed(stages: dict, target: str) -> set:
+def _needed(stages: dict, target: str, given: set) -> set:
+    """The stages ``target`` is built from; a given stage (--stage-dir) needs nothing."""
     if target not in stages:
         raise Refused(f"--target {target}: no such stage ({', '.join(stages)})")
+    for g in given:
+        if g not in stages:
+            raise Refused(f"--stage-dir {g}: no such stage ({', '.join(stages)})")
     need, todo = set(), [target]
     while todo:
         s = stages[todo.pop()]
         if s.name in need:
             continue
         need.add(s.name)
+        if s.name in given:
+            continue
         if s.base in stages:
             todo.append(s.base)
         for word, rest, _, _ in s.instrs:
@@ -948,12 +960,17 @@ def main(argv=None) -> int:
     d.add_argument("--stage-dir", type=_kv, action="append", default=[], help="STAGE=DIR (ready-made)")
     d.add_argument("--base-entrypoint", help="the base image's ENTRYPOINT, JSON (vLLM's: [\"vllm\", \"serve\"])")
     d.add_argument("--skip-device-runs", action="store_true", help="skip RUN --device steps (a bake)")
-    d.add_argument("--run", nargs=argparse.REMAINDER, help="run the final image; ARGS replace its CMD")
+    d.add_argument("--entrypoint", help="replaces the final image's ENTRYPOINT, JSON (docker run --entrypoint)")
+    d.add_argument("--run", action="store_true", help="(last) run the final image; the words after it "
+                   "replace its CMD, as `docker run IMAGE ARGS` does")
+    run = None
+    if argv[:1] == ["dockerfile"] and "--run" in argv:  # everything after --run is the command's
+        i = argv.index("--run")
+        argv, run = argv[:i + 1], argv[i + 1:]
     a = ap.parse_args(argv)
+    a.run = run
     if not any(k == "PATH" for k, _ in a.image_env):
         a.image_env.insert(0, ("PATH", os.environ.get("PATH", os.defpath)))
-    if a.mode == "dockerfile" and a.run and a.run[:1] == ["--"]:
-        a.run = a.run[1:]
     try:
         if os.geteuid() != 0:
             raise HostError("needs root (mount namespaces, chroot, changing uid)")

@@ -263,3 +263,71 @@ def test_a_claim_without_a_host_dir_is_refused(image, bake, tmp_path):
     r = subprocess.run([sys.executable, str(RUNNER), "pod", str(manifest), "--work", str(tmp_path / "w")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "claimName: 'models' has no --pvc models=HOSTDIR" in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def cache_stage(image, bake):
+    """What the Dockerfile's `cache` stage holds (its own advice without a GPU in the build:
+    a cache image): a Triton-only bake installed at ROOT under an empty tree (no vllm role,
+    so the serve stage's vLLM check, which needs vLLM, has nothing to check)."""
+    base = image["dir"] / "cache-stage"
+    compile_kernels(base / "root" / "triton")
+    art = base / "artifact"
+    pack_artifact([CacheRoot("triton", base / "root" / "triton")], art, target="sm_90", layer_root=ROOT)
+    tree = base / "tree"
+    cli("install", art, "--to", f"{tree}{ROOT}", "--serve-at", ROOT, "--target", "sm_90", "--no-sync")
+    return tree
+
+
+def _dockerfile(image, cache_stage, tmp_path: Path, *run: str, entrypoint: str | None = None) -> subprocess.Popen:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, str(RUNNER), "dockerfile", str(REPO / "Dockerfile"), "--work", str(tmp_path / "work"),
+            "--context", str(tmp_path), "--target", "serve", "--build-arg", "BASE=vllm:1",
+            # the RUN step installs cachebake as the Dockerfile does, from what pip has here (the
+            # host "image" has it installed already): no wheel to build, no index to reach
+            "--build-arg", "CACHEBAKE_PIP=--no-deps --no-index cachebake",
+            "--stage-dir", f"cache={cache_stage}", "--base-entrypoint", '["vllm", "serve"]']
+    for k, v in image["env"].items():
+        args += ["--image-env", f"{k}={v}"]
+    if entrypoint:
+        args += ["--entrypoint", entrypoint]
+    (tmp_path / "docker").mkdir(exist_ok=True)
+    shutil.copy2(REPO / "docker" / "install-cachebake.sh", tmp_path / "docker" / "install-cachebake.sh")
+    return subprocess.Popen([*args, "--run", *run], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_dockerfiles_serve_stage_runs_vllms_entrypoint_with_the_bake(image, bake, cache_stage, tmp_path):
+    """The root Dockerfile's `serve` stage built step by step (its RUN steps in the stage's own
+    filesystem, COPY --from the cache stage, ENV), then `docker run IMAGE MODEL FLAGS` with the
+    vLLM image's entrypoint (`vllm serve`): the baked kernels hit, a missing one compiles."""
+    proc = _dockerfile(image, cache_stage, tmp_path, str(bake["model"]), "--max-num-seqs", "8")
+    pod = Pod.__new__(Pod)
+    pod.work, pod.proc = tmp_path / "work", proc
+    try:
+        seen = json.loads(pod.until_logged("serve-run", MARKER))
+        assert seen["argv"][:2] == ["serve", str(bake["model"])]
+        assert seen["verify_rc"] == 0 and seen["verify"]["compiles"] == 0 and seen["verify"]["cache_hits"] == 3
+        assert seen["miss_compile"]["misses"] == 1
+    finally:
+        out = pod.stop()
+    assert proc.returncode == 0, out[-3000:]
+    log = (tmp_path / "work" / "runner.log").read_text()
+    assert "stage bake: not needed for serve" in log and "stage cache: given ready-made" in log
+    assert "stage serving-cachebake: RUN exited 0" in log and "stage serve: RUN exited 0" in log
+    assert not os.path.exists(ROOT + "/triton")  # the stages' files are the runner's, not the host's
+
+
+def test_readmes_docker_run_cachebake_verify_needs_the_entrypoint_replaced(image, bake, cache_stage, tmp_path):
+    """README's `docker run IMAGE cachebake verify ...` on an image FROM vLLM's (entrypoint
+    `vllm serve`) runs `vllm serve cachebake verify ...`; `--entrypoint cachebake` runs verify."""
+    warmup = [sys.executable, str(Path(image["env"]["CACHEBAKE_STANDIN_KERNELS"]) / "aot_kernels.py")]
+    as_written = _dockerfile(image, cache_stage, tmp_path / "a", "cachebake", "verify", "--cache", ROOT, "--",
+                             *warmup)
+    out, _ = as_written.communicate(timeout=300)
+    assert as_written.returncode == 4, out[-3000:]
+    assert "no model at cachebake" in (tmp_path / "a" / "work" / "logs" / "serve-run.log").read_text()
+    fixed = _dockerfile(image, cache_stage, tmp_path / "b", "verify", "--cache", ROOT, "--", *warmup,
+                        entrypoint='["cachebake"]')
+    out, _ = fixed.communicate(timeout=300)
+    assert fixed.returncode == 0, out[-3000:]
+    assert f"verified {ROOT}: 0 compiles, 3 cache hits" in (tmp_path / "b" / "work" / "logs" / "serve-run.log").read_text()
