@@ -161,7 +161,16 @@ def _exec_child(spec_path: str) -> None:
             u, w = m.get("upperdir") or f"{upper}/u{i}", m.get("workdir") or f"{upper}/w{i}"
             os.makedirs(u, exist_ok=True)
             os.makedirs(w, exist_ok=True)
-            sys_mount("overlay", dst, "overlay", 0, f"lowerdir={m['lower']},upperdir={u},workdir={w}")
+            try:
+                sys_mount("overlay", dst, "overlay", 0, f"lowerdir={m['lower']},upperdir={u},workdir={w}")
+            except OSError as e:
+                if ":" in m["lower"] or m.get("upperdir"):
+                    raise  # a stage's layers: no honest fallback
+                # This kernel will not overlay that filesystem: the host's own, bound, so the
+                # container's writes there reach the host.  Said in the container's log.
+                print(f"pod_runner: {spec['name']}: {m['point']}: overlay refused ({e.strerror}): the host's "
+                      "filesystem bound read-write instead: writes there reach the host", file=sys.stderr)
+                sys_mount(m["lower"], dst, None, MS_BIND)
         elif m["how"] == "empty":  # FROM scratch
             sys_mount("tmpfs", dst, "tmpfs", 0, "mode=0755")
         else:
@@ -459,7 +468,7 @@ def _extract_image(runner: Runner, ref: str, artifact: str, dest: Path) -> Path:
 
 
 def _container(runner: Runner, c: dict, where: str, pod_sc: dict, volumes: dict, extra_env: dict,
-               extra_binds: dict, podname: str) -> Container:
+               extra_binds: dict, podname: str, extra_args: dict) -> Container:
     _check_keys(c, CONTAINER_FIELDS, where)
     sc = c.get("securityContext") or {}
     _check_keys(sc, SC_FIELDS, f"{where}.securityContext")
@@ -504,6 +513,9 @@ def _container(runner: Runner, c: dict, where: str, pod_sc: dict, volumes: dict,
         v = volumes[m["name"]]
         mounts.append({"source": v["source"], "target": m["mountPath"],
                        "readonly": bool(m.get("readOnly")) or v["readonly"], "what": v["what"]})
+    for arg in extra_args.get(c["name"], []):
+        runner.log(f"{where}: argument {arg!r} appended by the runner (not in the spec)")
+        argv.append(arg)
     for host, path in extra_binds.get(c["name"], []):
         runner.log(f"{where}: bind {host} at {path} added by the runner (not in the spec): instrumentation")
         mounts.append({"source": host, "target": path, "readonly": False, "what": "runner's instrumentation"})
@@ -535,16 +547,21 @@ def run_pod(a) -> int:
     extra_env: dict = {}
     for c, k, v in a.add_env:
         extra_env.setdefault(c, {})[k] = v
+    extra_args: dict = {}
+    for c, arg in a.add_arg:
+        extra_args.setdefault(c, []).append(arg)
     extra_binds: dict = {}
     for c, h, p in a.add_bind:
         extra_binds.setdefault(c, []).append((h, p))
-    inits = [_container(runner, c, f"spec.initContainers[{i}]", pod_sc, volumes, extra_env, extra_binds, podname)
+    inits = [_container(runner, c, f"spec.initContainers[{i}]", pod_sc, volumes, extra_env, extra_binds, podname,
+                        extra_args)
              for i, c in enumerate(spec.get("initContainers") or [])]
     sidecar = {c["name"]: c.get("restartPolicy") == "Always" for c in spec.get("initContainers") or []}
     for i, c in enumerate(spec.get("initContainers") or []):
         if c.get("restartPolicy") not in (None, "Always"):
             raise Refused(f"spec.initContainers[{i}].restartPolicy: {c['restartPolicy']!r}")
-    mains = [_container(runner, c, f"spec.containers[{i}]", pod_sc, volumes, extra_env, extra_binds, podname)
+    mains = [_container(runner, c, f"spec.containers[{i}]", pod_sc, volumes, extra_env, extra_binds, podname,
+                        extra_args)
              for i, c in enumerate(spec["containers"])]
     for i, c in enumerate(spec["containers"]):
         if "restartPolicy" in c:
@@ -730,7 +747,16 @@ def run_dockerfile(a) -> int:
     argv = list(entry or []) + (list(a.run) if a.run else list(final.cmd or []))
     if not argv:
         raise Refused(f"stage {final.name}: no ENTRYPOINT or CMD and nothing to run")
-    c = _stage_container(runner, final, "run", argv)
+    mounts = []
+    for name, host, path in a.add_bind:
+        if name == "run":
+            log(f"run: bind {host} at {path} added by the runner (not in the image): instrumentation")
+            mounts.append({"source": host, "target": path, "readonly": False, "what": "runner's instrumentation"})
+    c = _stage_container(runner, final, "run", argv, mounts)
+    for name, k, v in a.add_env:
+        if name == "run":
+            log(f"run: env {k} added by the runner (not in the image)")
+            c.spec["env"][k] = v
     c.describe()
     c.start()
     stopping = []
@@ -945,13 +971,18 @@ def main(argv=None) -> int:
     common.add_argument("--image-env", type=_kv, action="append", default=[],
                         help="K=V: the images' own ENV (default PATH: this process's)")
     common.add_argument("--ready-file", help="written once every container has started")
+    common.add_argument("--add-env", type=_cenv, action="append", default=[],
+                        help="CONTAINER:K=V, set by the runner and logged as such (dockerfile: CONTAINER is run)")
+    common.add_argument("--add-bind", type=_cbind, action="append", default=[],
+                        help="CONTAINER:HOSTDIR:PATH, mounted by the runner and logged as such")
     p = sub.add_parser("pod", parents=[common])
     p.add_argument("manifest")
     p.add_argument("--pvc", type=_kv, action="append", default=[], help="CLAIM=HOSTDIR")
     p.add_argument("--image-volume", type=_kv, action="append", default=[], help="REF=ARTIFACT")
     p.add_argument("--image-entrypoint", type=_entry, action="append", default=[], help="IMAGE=JSON-ARRAY")
-    p.add_argument("--add-env", type=_cenv, action="append", default=[], help="CONTAINER:K=V (logged)")
-    p.add_argument("--add-bind", type=_cbind, action="append", default=[], help="CONTAINER:HOSTDIR:PATH (logged)")
+    p.add_argument("--add-arg", type=lambda t: tuple(t.split(":", 1)), action="append", default=[],
+                   help="CONTAINER:ARG appended to its command (logged)")
+
     d = sub.add_parser("dockerfile", parents=[common])
     d.add_argument("dockerfile")
     d.add_argument("--context", required=True)
