@@ -199,7 +199,10 @@ def _exec_child(spec_path: str) -> None:
         if v["readonly"]:
             remount_ro(dst)
     if spec["readonly_root"]:
+        covered = [new + v["target"] for v in spec["mounts"]]
         for dst in rootfs_mounts:
+            if any(_under(dst, c) for c in covered):
+                continue  # hidden under a volume: not part of what the container sees
             remount_ro(dst)
     os.chroot(new)
     os.chdir(spec["workdir"] or "/")
