@@ -463,7 +463,8 @@ def _extract_image(runner: Runner, ref: str, artifact: str, dest: Path) -> Path:
     dest.mkdir(parents=True)
     with art.open_layer(sel) as layer, zstandard.ZstdDecompressor().stream_reader(layer) as raw, \
             tarfile.open(fileobj=raw, mode="r|") as tar:
-        tar.extractall(dest, **({"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}))
+        # the data filter where Python has it (no links out, no devices, no absolute names)
+        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     os.chmod(dest, 0o755)
     runner.log(f"image volume {ref}: {artifact} image {sel.manifest_digest} layer {sel.layer_digest[:19]} "
                f"extracted to {dest}")
