@@ -247,8 +247,8 @@ def rootfs_layers(work: Path, base: str = "/") -> list[dict]:
         p = m["point"]
         if p == "/" or p in seen or m["fstype"] in PSEUDO_FS or any(_under(p, t) for t in KERNEL_TREES):
             continue
-        if _under(str(work), p) or _under(p, str(work)):
-            continue  # the runner's own dir (volumes, uppers) is never part of an image
+        if _under(p, str(work)):
+            continue  # the runner's own mounts (volumes, uppers) are never part of an image
         seen.add(p)
         how = "overlay" if os.path.isdir(p) and not any(c in p for c in ",:\\") else "bind"
         layers.append({"point": p, "lower": p, "how": how})
