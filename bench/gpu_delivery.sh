@@ -39,7 +39,8 @@ PY=$(command -v python3)
 ROOT=/var/cache/cachebake
 mkdir -p "$R" "$OUT"
 log() { echo "== [$STAGE] $*" | tee -a "$R/steps.log"; }
-CB() { PYTHONPATH="$G/img/cb:$SITE" "$PY" -m cachebake.cli "$@"; }
+RECIPE=${RECIPE:-nemotron-h}  # the bake's recipe: its config.json is the model dir's
+CB() { PYTHONPATH="$G/img/cb:$SITE:$VSITE" "$PY" -m cachebake.cli "$@"; }
 
 # The "image": vLLM and cachebake installed into this Python as an image has them in
 # site-packages (a .pth that puts VSITE, the deps and cachebake right after PYTHONPATH's own
@@ -82,7 +83,7 @@ setup() {
   CB serve-args "$G/art" --target sm_90 --json >"$R/serve-args.json" || { log "serve-args failed"; return 1; }
   MODEL=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["argv"][2])' "$R/serve-args.json")
   # the model (config.json as the bake wrote it, the tokenizer beside it; no weights: dummy load)
-  PYTHONPATH="$G/img/cb:$SITE" "$PY" -c "from cachebake.recipes import load_recipe; from cachebake.vllm.engine import write_model_dir; write_model_dir(load_recipe('nemotron-h'), '$MODEL')"
+  PYTHONPATH="$G/img/cb:$SITE" "$PY" -c "from cachebake.recipes import load_recipe; from cachebake.vllm.engine import write_model_dir; write_model_dir(load_recipe('$RECIPE'), '$MODEL')"
   for f in "$TOK"/*; do [ "$(basename "$f")" = config.json ] || cp "$f" "$MODEL/"; done
   DIGEST=$("$PY" -c "import sys; sys.path[:0] = ['$G/img/cb', '$SITE']
 from cachebake.artifact.oci import open_artifact; print(open_artifact('$G/art').select('sm_90').manifest_digest)")
