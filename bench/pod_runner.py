@@ -359,7 +359,10 @@ def pod_spec_of(doc: dict) -> tuple[str, dict]:
         _check_keys(doc, {"apiVersion", "kind", "metadata", "spec"}, "Pod")
         return doc["metadata"]["name"], doc["spec"]
     if kind == "Deployment":
+        _check_keys(doc, {"apiVersion", "kind", "metadata", "spec"}, "Deployment")
         spec = doc.get("spec") or {}
+        _check_keys(spec, {"replicas", "selector", "template"}, "spec")
+        _check_keys(spec.get("template") or {}, {"metadata", "spec"}, "spec.template")
         if spec.get("replicas", 1) != 1:
             raise Refused("spec.replicas: this runner is one node running one Pod")
         return doc["metadata"]["name"], spec["template"]["spec"]
