@@ -637,10 +637,14 @@ def test_podman_plays_the_image_volume_pod_as_written_and_the_server_starts(engi
     if not engines.private_netns:
         pytest.skip("the Pod pulls the serving image from the registry on the loopback of a private "
                     "network namespace: run under .ci/containers.sh")
-    from installkit import compile_kernels
     from test_artifact_torch_paths import excerpt
 
-    compile_kernels(tmp_path / "cache" / "triton")
+    # The Triton role compiled by the serving image's own Triton (another Python, another
+    # libtriton: another triton_key than this interpreter's), at the same path as here.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    engines.run(engines.serving_image, "python3", "/opt/cachebake-ci/aot_kernels.py",
+                docker_args=["-v", f"{cache}:{cache}", "-e", f"TRITON_CACHE_DIR={cache}/triton"])
     for name, data in excerpt().items():
         (tmp_path / "filled" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "filled" / name).write_bytes(data)
