@@ -7,7 +7,7 @@ a container's filesystem.
 
     python3 bench/pod_runner.py pod MANIFEST --work DIR [--pvc CLAIM=HOSTDIR] \
         [--image-volume REF=ARTIFACT] [--image-env K=V] [--image-entrypoint IMAGE=JSON] \
-        [--add-env CONTAINER:K=V] [--add-bind CONTAINER:HOSTDIR:PATH] [--ready-file F] [--ready-url URL]
+        [--add-env CONTAINER:K=V] [--add-bind CONTAINER:HOSTDIR:PATH] [--add-arg C:ARG] [--ready-file F]
     python3 bench/pod_runner.py dockerfile DOCKERFILE --work DIR --context DIR --target STAGE \
         [--build-arg K=V] [--stage-dir STAGE=DIR] [--image-env K=V] [--base-entrypoint JSON] \
         [--skip-device-runs] [--run -- ARGS...]
