@@ -1005,6 +1005,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["dockerfile"] and "--run" in argv:  # everything after --run is the command's
         i = argv.index("--run")
         argv, run = argv[:i + 1], argv[i + 1:]
+        run = run[1:] if run[:1] == ["--"] else run
     a = ap.parse_args(argv)
     a.run = run
     if not any(k == "PATH" for k, _ in a.image_env):
