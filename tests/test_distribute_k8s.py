@@ -621,6 +621,84 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, inst
         _podman(engines, "volume", "rm", "-f", *volumes)
 
 
+@pytest.mark.containers
+@pytest.mark.slow
+def test_podman_plays_the_image_volume_pod_as_written_and_the_server_starts(engines, standin_server, tmp_path):
+    """Issue 30: the image-volume Pod exactly as `cachebake k8s --pattern image-volume --bake ART
+    --serving-image-has-cachebake --model-pvc CLAIM` writes it, the server's `vllm serve` the
+    stand-in (tests/standin_vllm.py), which does at start what vLLM does to the filesystem
+    (Inductor's cache dir at `import vllm`, the torch.compile cache, a Triton miss through the
+    layered manager).  What stands in for the image volume and the role's emptyDir: see the
+    module docstring; the miss-log sidecar plays as a regular container (podman 4.3).  On the
+    H200 the real server died here at import: `OSError: [Errno 30] Read-only file system:
+    '/var/cache/cachebake/inductor'`."""
+    if not engines.podman:
+        pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
+    if not engines.private_netns:
+        pytest.skip("the Pod pulls the serving image from the registry on the loopback of a private "
+                    "network namespace: run under .ci/containers.sh")
+    from test_artifact_torch_paths import excerpt
+
+    # The Triton role compiled by the serving image's own Triton (another Python, another
+    # libtriton: another triton_key than this interpreter's), at the same path as here.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    engines.run(engines.serving_image, "python3", "/opt/cachebake-ci/aot_kernels.py",
+                docker_args=["-v", f"{cache}:{cache}", "-e", f"TRITON_CACHE_DIR={cache}/triton"])
+    for name, data in excerpt().items():
+        (tmp_path / "filled" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "filled" / name).write_bytes(data)
+    section = {"driver": "vllm", "model": {"path": MODEL_PATH}, "serve_args": {"max_num_seqs": 8},
+               "serve_env": {}, "env": {"root": ROOT, "invalidating_env_vars": {}}}
+    art = tmp_path / "art"
+    report = pack_artifact([CacheRoot("triton", tmp_path / "cache" / "triton"),
+                            CacheRoot("vllm", tmp_path / "filled" / "vllm")], art, target="sm_90", bake=section,
+                           layer_root=ROOT)
+    image_tree = _image_tree(art, tmp_path / "image")
+    image_tree.chmod(0o755)
+    engines.docker("push", standin_server)
+    doc = yaml.safe_load(cli(
+        "k8s", "--kind", "pod", "--name", "cbiv", "--pattern", "image-volume", "--serving-image", standin_server,
+        "--serving-image-has-cachebake", "--artifact", f"docker://{engines.registry}/bakes/iv@{report.manifest_digest}",
+        "--bake", art, "--target", "sm_90", "--gpus", "0", "--model-pvc", "cbivmodel").stdout)
+    doc["spec"]["restartPolicy"] = "Never"
+    inits = doc["spec"]["initContainers"]
+    (sidecar,) = [c for c in inits if c.get("restartPolicy") == "Always"]
+    inits.remove(sidecar)
+    del sidecar["restartPolicy"]
+    doc["spec"]["containers"].append(sidecar)
+    vols = {v["name"]: v for v in doc["spec"]["volumes"]}
+    del vols["cachebake"]["image"]
+    vols["cachebake"]["hostPath"] = {"path": str(image_tree), "type": "Directory"}
+    empty_dir = tmp_path / "vllm-emptydir"
+    empty_dir.mkdir()
+    empty_dir.chmod(0o777)  # as the kubelet makes an emptyDir: root's, 0777
+    del vols["cachebake-vllm"]["emptyDir"]
+    vols["cachebake-vllm"]["hostPath"] = {"path": str(empty_dir), "type": "Directory"}
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    volumes = [v["name"] for v in doc["spec"]["volumes"] if "emptyDir" in v]
+    _podman(engines, "pod", "rm", "-f", "cbiv")
+    _podman(engines, "volume", "rm", "-f", "cbivmodel", *volumes)
+    assert _podman(engines, "volume", "create", "cbivmodel").returncode == 0
+    (_volume(engines, "cbivmodel") / "config.json").write_text(json.dumps({"stand_in": True}))
+    try:
+        play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", path, timeout=600)
+        assert play.returncode == 0, play.stderr[-3000:]
+        seen = json.loads(_until_logged(engines, "cbiv-cbiv", "STAND-IN-SERVER "))
+        assert seen["argv"] == doc["spec"]["containers"][0]["command"][1:]
+        assert seen["verify_rc"] == 0 and seen["verify"]["compiles"] == 0 and seen["verify"]["cache_hits"] == 3
+        assert seen["miss_compile"]["misses"] == 1
+        assert seen["miss_compile"]["manager"] == "cachebake.serve.layered:LayeredCacheManager"
+        head = '{"cachebake_miss"'  # the miss, as the sidecar's tail prints it
+        streamed = json.loads(head + _until_logged(engines, f"cbiv-{sidecar['name']}", head, timeout=60))
+        assert streamed["stored"] == "overlay"
+        assert {p.name for p in image_tree.iterdir()} == {"triton", "vllm"}  # nothing written into the image
+    finally:
+        _podman(engines, "pod", "rm", "-f", "cbiv")
+        _podman(engines, "volume", "rm", "-f", "cbivmodel", *volumes)
+
+
 def test_a_kernels_bake_serves_with_the_flags_its_plan_was_computed_for(triton_cache, tmp_path):
     """A --driver kernels bake records no engine, but its kernels were planned for exact serve
     args: with --model (the path), the server gets those flags, not the recipe's defaults."""
