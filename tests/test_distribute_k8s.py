@@ -98,7 +98,8 @@ def test_init_in_the_serving_image_needs_no_fingerprint_file():
 def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
     r = cli("k8s", *VOLUME)
     pod = _pod(yaml.safe_load(r.stdout))
-    cache, vllm, overlay, lib, model = pod["volumes"]
+    cache, vllm, overlay, lib, scratch, tmp, model = pod["volumes"]
+    assert scratch == {"name": "cachebake-scratch", "emptyDir": {}} and tmp == {"name": "server-tmp", "emptyDir": {}}
     assert cache == {"name": "cachebake", "image": {"reference": PINNED.split("://")[1],
                                                     "pullPolicy": "IfNotPresent"}}
     assert vllm == {"name": "cachebake-vllm", "emptyDir": {}}
@@ -131,11 +132,11 @@ def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
                                          "readOnly": True}]
     for c in pod["initContainers"]:
         sc = c["securityContext"]
-        if c is miss_log:  # the server's user, who alone may read its 0700 overlay
-            assert "runAsUser" not in sc and sc["capabilities"] == {"drop": ["ALL"]}
-            assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
-        else:
-            assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+        # the miss-log sidecar as the server's uid, who alone may read its 0700 overlay: since
+        # issue 30 the server runs as NONROOT_UID explicitly (vLLM's image user is root)
+        assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+        assert sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
+    assert server["securityContext"] == miss_log["securityContext"]
     assert "assumed the bake has a vllm role" in r.stderr and "PYTHONPATH" in r.stderr
 
 
