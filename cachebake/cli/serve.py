@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
