@@ -260,10 +260,13 @@ def test_every_path_the_server_writes_at_start_is_writable(pattern, source, trit
     # stays on the read-only image (misses go to the overlay), the vllm role is a writable copy
     env = _env_of(server)
     assert env["TRITON_CACHE_DIR"] == f"{ROOT}/triton"
-    if source == "recipe" or pattern == "image-volume":  # (this bake holds only the triton role)
+    if source == "recipe":
         assert env["VLLM_CACHE_ROOT"] == f"{ROOT}/vllm"
-    else:
+    elif pattern == "init":  # this bake holds only the triton role: vLLM's default, in HOME
         assert "VLLM_CACHE_ROOT" not in env
+    else:  # ... and the image has no vllm/ to mount the copy over: an empty writable root
+        assert env["VLLM_CACHE_ROOT"] == VLLM_EMPTY_ROOT
+        assert "cachebake-vllm-copy" not in [c["name"] for c in pod["initContainers"]]
 
 
 def test_the_walk_finds_the_issue_30_crash(triton_cache, tmp_path):

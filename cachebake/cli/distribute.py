@@ -119,6 +119,9 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
                            f"group files name it): the image volume must be mounted there, --root "
                            f"{one_line(layer_root)}")
     facts = bake.facts if bake else None
+    if facts is not None and pattern == "image-volume" and vllm_role \
+            and "vllm" not in (facts.recorded_roles() or ("vllm",)):
+        vllm_role = False  # the image has no vllm/ to mount over: the server cannot start otherwise
     command, notes, from_bake = server_command(model, cmd, facts)
     plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
                    installer_image=installer_image, install_in_serving_image=install_in_serving_image,

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cachebake.errors import BadInput, InvalidDocument
-from cachebake.roles import MANAGER_ENV, MISS_LOG_ENV, OVERLAY_ENV, ROLE_ENV, overlay_env, role_dir
+from cachebake.roles import MANAGER_ENV, MISS_LOG_ENV, OVERLAY_ENV, ROLE_ENV, overlay_env, role_dir, role_env
 
 # POSIX's portable environment variable names (and what every shell's `export` takes)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -277,11 +277,7 @@ def server_env(facts: BakeFacts | None, layout: ServerLayout) -> ServerEnv:
             put(check_env(identity_serve_env(bake.to_json()), doc, f"bake.{IDENTITY_KEY}",
                           ((), IDENTITY_NAMES)), IDENTITY)
     # the layout's last: nothing of the artifact's may stand in their place
-    put({ROLE_ENV[r]: d for r, d in layout.roles.items()}, ROLE)
-    if "triton" in layout.roles:
-        # vLLM sets this itself, but a plain Triton program does not; results baked with it on
-        # are only read back with it on.
-        put({"TRITON_CACHE_AUTOTUNING": "1"}, ROLE)
+    put(role_env(dict(layout.roles)), ROLE)
     put(dict(layout.scratch), SCRATCH)
     if layout.overlay is not None:
         put(overlay_env(layout.overlay), OVERLAY)
