@@ -44,12 +44,22 @@ neither it refuses.  Misses are logged in the overlay; ``miss-log``, a native si
 (``restartPolicy: Always``, Kubernetes >= 1.29) in the serving image, streams the log to the
 Pod's logs (README, "Serving"), where cluster logging keeps it after the Pod is gone.
 
+The server's environment is ``server_env``'s (cachebake.install.environment, the one function
+install and serve-args use too) for the pattern's layout (``_layout``), and the server runs as
+uid ``NONROOT_UID`` (explicit: vLLM's image user is root) with a read-only root filesystem, no
+privilege escalation, no capabilities and the runtime's seccomp profile; every path it writes
+at import or at start is an emptyDir (HOME and, on an image volume, Inductor's and FlashInfer's
+dirs in ``SCRATCH_MOUNT``; /tmp): torch makes TORCHINDUCTOR_CACHE_DIR at import, and one in the
+read-only image volume killed the server before it logged a line (issue 30).
+
 The server runs a command (never the image's entrypoint: vLLM's needs arguments): ``-- CMD...``;
 else the ``vllm serve`` command of the bake itself when a local copy of it is given
 (``--bake ART``, a ``--driver vllm`` bake: model path, serve args and the environment
 ``serve-args`` prints); else ``--model``'s recipe flags.  A ``vllm serve PATH`` reads its model
 from PATH, which the Pod must provide: a PersistentVolumeClaim mounted read-only there
 (``model_pvc``), or the serving image's own copy (``model_in_image``); with neither it refuses.
+PATH may be an artifact's, so the claim is mounted only under ``MODEL_MOUNT_BASE`` or the
+user's ``model_mount``, never around another mount (``check_model_mount``, issue 31).
 
 The output is read by kubectl, so it is built as data and written by a serializer: the
 documents by PyYAML (``render``: every value quoted as the emitter decides, so a newline,
