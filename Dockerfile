@@ -64,7 +64,10 @@ ARG ROOT
 COPY --from=cache / /
 # One variable per cache role (cachebake.roles); autotune results are only read with
 # TRITON_CACHE_AUTOTUNING=1.  Cache-invalidating variables set at bake time (`cachebake
-# inspect` lists them) must be set here too.
+# inspect` lists them) must be set here too.  The server writes into the vllm and inductor
+# roles at start (torch makes TORCHINDUCTOR_CACHE_DIR at import): run it as the image's user
+# on a writable root filesystem; for a read-only one, use `cachebake k8s`'s Pods, which give
+# every written path an emptyDir (docs/server-environment.md).
 ENV TRITON_CACHE_DIR=${ROOT}/triton \
     VLLM_CACHE_ROOT=${ROOT}/vllm \
     FLASHINFER_WORKSPACE_BASE=${ROOT}/flashinfer \

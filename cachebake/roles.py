@@ -37,8 +37,14 @@ def role_dir(root: os.PathLike | str, role: str) -> str:
 
 def serving_env(root: os.PathLike | str, roles: list[str] | tuple[str, ...]) -> dict[str, str]:
     """The environment a server needs to use the roles installed under ``root``."""
-    env = {ROLE_ENV[r]: role_dir(root, r) for r in roles}
-    if "triton" in roles:
+    return role_env({r: role_dir(root, r) for r in roles})
+
+
+def role_env(where: dict[str, str]) -> dict[str, str]:
+    """The roles' variables for roles found at ``where`` (role -> dir): the bake's side
+    (capture.env) and the server's (cachebake.install.environment.server_env) both use it."""
+    env = {ROLE_ENV[r]: d for r, d in where.items()}
+    if "triton" in where:
         # vLLM sets this itself, but a plain Triton program does not; results baked with it
         # on are only read back with it on.
         env["TRITON_CACHE_AUTOTUNING"] = "1"

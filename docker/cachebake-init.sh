@@ -12,8 +12,12 @@
 # ${CACHEBAKE_DIR}/cachebake-serve.env as `export` lines (`. /var/cache/cachebake/cachebake-serve.env`
 # before `vllm serve`): each cache role at the serving root, and the variables vLLM's
 # torch.compile hashes need to come out as the bake's whatever the server's HOME and uid (vLLM
-# 0.24's VLLM_CONFIG_ROOT and VLLM_XLA_CACHE_PATH, as the bake recorded them).  For a local
-# artifact `cachebake serve-args` writes it; for a registry reference, install's own report.
+# 0.24's VLLM_CONFIG_ROOT and VLLM_XLA_CACHE_PATH, as the bake recorded them), the model runner
+# and cache-invalidating variables.  Both ways below give the same environment, built by one
+# function (cachebake.install.environment.server_env, with its refusals of what an artifact may
+# not set): for a local artifact `cachebake serve-args --env-file` writes it; for a registry
+# reference, install's own report (pulled once).  The server still needs its written paths
+# writable (docs/server-environment.md): HOME, /tmp, VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR.
 # Exit codes are cachebake's (README): 0 installed or already installed, 4 the bake was made
 # for another environment, 5/6 corrupt or unsafe artifact, 11 lock timeout.
 set -eu

@@ -98,7 +98,8 @@ def test_init_in_the_serving_image_needs_no_fingerprint_file():
 def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
     r = cli("k8s", *VOLUME)
     pod = _pod(yaml.safe_load(r.stdout))
-    cache, vllm, overlay, lib, model = pod["volumes"]
+    cache, vllm, overlay, lib, scratch, tmp, model = pod["volumes"]
+    assert scratch == {"name": "cachebake-scratch", "emptyDir": {}} and tmp == {"name": "server-tmp", "emptyDir": {}}
     assert cache == {"name": "cachebake", "image": {"reference": PINNED.split("://")[1],
                                                     "pullPolicy": "IfNotPresent"}}
     assert vllm == {"name": "cachebake-vllm", "emptyDir": {}}
@@ -131,11 +132,11 @@ def test_image_volume_pattern_mounts_the_bake_read_only_with_an_overlay():
                                          "readOnly": True}]
     for c in pod["initContainers"]:
         sc = c["securityContext"]
-        if c is miss_log:  # the server's user, who alone may read its 0700 overlay
-            assert "runAsUser" not in sc and sc["capabilities"] == {"drop": ["ALL"]}
-            assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
-        else:
-            assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+        # the miss-log sidecar as the server's uid, who alone may read its 0700 overlay: since
+        # issue 30 the server runs as NONROOT_UID explicitly (vLLM's image user is root)
+        assert sc["runAsNonRoot"] and sc["runAsUser"] == NONROOT_UID and sc["readOnlyRootFilesystem"]
+        assert sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
+    assert server["securityContext"] == miss_log["securityContext"]
     assert "assumed the bake has a vllm role" in r.stderr and "PYTHONPATH" in r.stderr
 
 
@@ -201,16 +202,137 @@ def test_a_manifest_that_could_not_run_as_written_is_refused_naming_what_to_give
     assert r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
 
 
+# What the server and its libraries write at import or at start, by the variable that places
+# it, and where it goes when the variable is unset ("~": HOME).  The issue-30 crash: torch's
+# _dynamo/package.py makes TORCHINDUCTOR_CACHE_DIR at import, and the manifest pointed it into the
+# read-only image volume (vllm034.md section 4: VLLM_CACHE_ROOT's dummy_cache at every start,
+# FlashInfer's JIT workspace, the overlay, /tmp's IPC sockets, HOME's ~/.cache and ~/.triton).
+WRITTEN_AT_START = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_nobody", "VLLM_CACHE_ROOT": "~/.cache/vllm",
+                    "FLASHINFER_WORKSPACE_BASE": "~", "CACHEBAKE_OVERLAY_DIR": None, "TMPDIR": "/tmp",
+                    "VLLM_RPC_BASE_PATH": "/tmp", "XDG_CACHE_HOME": "~/.cache", "TRITON_HOME": "~",
+                    "HOME": "/nonexistent"}  # nobody's HOME in Debian's passwd
+
+
+def _writable(pod: dict, container: dict, path: str) -> bool:
+    """Whether ``path`` lands on something ``container`` may write: the deepest mount holding it
+    is an emptyDir (or a claim) mounted read-write; outside every mount, the root filesystem,
+    which must not be read-only."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = [m for m in container.get("volumeMounts", [])
+              if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        return not container.get("securityContext", {}).get("readOnlyRootFilesystem", False)
+    deepest = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume = volumes[deepest["name"]]
+    return not deepest.get("readOnly") and ("emptyDir" in volume or "persistentVolumeClaim" in volume)
+
+
+def _unwritable_paths(pod: dict) -> list[str]:
+    (server,) = pod["containers"]
+    env = _env_of(server)
+    home = env.get("HOME", WRITTEN_AT_START["HOME"])
+    bad = []
+    for name, default in WRITTEN_AT_START.items():
+        value = env.get(name, default)
+        if value is None:
+            continue
+        value = home + value[1:] if value.startswith("~") else value
+        if not _writable(pod, server, value):
+            bad.append(f"{name}={value}")
+    return bad
+
+
+@pytest.mark.parametrize("pattern", ["init", "image-volume"])
+@pytest.mark.parametrize("source", ["bake", "recipe"])
+def test_every_path_the_server_writes_at_start_is_writable(pattern, source, triton_cache, tmp_path):
+    art, pinned = _vllm_bake(triton_cache, tmp_path)
+    base = [*_without(INIT if pattern == "init" else VOLUME, "--model", "--artifact"), "--artifact", pinned]
+    base += ["--bake", str(art)] if source == "bake" else ["--model", "nemotron-h"]
+    pod = _pod(_k8s(*base))
+    assert _unwritable_paths(pod) == []
+    (server,) = pod["containers"]
+    # ... on the hardened server an operator wants: every written path an emptyDir, not root
+    assert server["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID,
+        "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    # the roles' variables the bake baked with, where the server finds them; Triton's role
+    # stays on the read-only image (misses go to the overlay), the vllm role is a writable copy
+    env = _env_of(server)
+    assert env["TRITON_CACHE_DIR"] == f"{ROOT}/triton"
+    if source == "recipe":
+        assert env["VLLM_CACHE_ROOT"] == f"{ROOT}/vllm"
+    elif pattern == "init":  # this bake holds only the triton role: vLLM's default, in HOME
+        assert "VLLM_CACHE_ROOT" not in env
+    else:  # ... and the image has no vllm/ to mount the copy over: an empty writable root
+        assert env["VLLM_CACHE_ROOT"] == VLLM_EMPTY_ROOT
+        assert "cachebake-vllm-copy" not in [c["name"] for c in pod["initContainers"]]
+
+
+def test_the_walk_finds_the_issue_30_crash(triton_cache, tmp_path):
+    # the image-volume Pod as main wrote it: TORCHINDUCTOR_CACHE_DIR and FLASHINFER_WORKSPACE_BASE
+    # in the read-only image volume, the server's root filesystem and HOME left as the image's
+    pod = _pod(_k8s(*VOLUME))
+    (server,) = pod["containers"]
+    for e in server["env"]:
+        if e["name"] in ("TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
+            e["value"] = f"{ROOT}/{'inductor' if e['name'].startswith('TORCH') else 'flashinfer'}"
+    assert _unwritable_paths(pod) == [f"TORCHINDUCTOR_CACHE_DIR={ROOT}/inductor",
+                                      f"FLASHINFER_WORKSPACE_BASE={ROOT}/flashinfer"]
+    server["env"] = [e for e in server["env"] if e["name"] != "HOME"]
+    server["volumeMounts"] = [m for m in server["volumeMounts"] if m["mountPath"] != "/tmp"]
+    assert "TMPDIR=/tmp" in _unwritable_paths(pod) and "HOME=/nonexistent" in _unwritable_paths(pod)
+
+
+@pytest.mark.parametrize("model_path", ["/", "/usr", "/var/run/secrets/kubernetes.io/serviceaccount", ROOT,
+                                        f"{ROOT}/vllm", "/var/cache/cachebake-scratch", "/tmp/m", "/models/../etc",
+                                        "/models//m", "/models/m/", "/modelsx/m"])
+def test_an_artifact_never_chooses_where_a_volume_is_mounted(model_path, triton_cache, tmp_path):
+    art, pinned = _vllm_bake(triton_cache, tmp_path, model_path=model_path)
+    base = [*_without(INIT, "--model", "--artifact"), "--artifact", pinned, "--bake", str(art)]
+    r = cli("k8s", *base, check=False)
+    assert r.returncode == ExitCode.CORRUPT, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and "bake.model.path" in r.stderr, r.stderr
+
+
+def test_model_mount_allows_a_dir_of_the_users_and_nothing_around_the_pods_mounts(triton_cache, tmp_path):
+    art, pinned = _vllm_bake(triton_cache, tmp_path, model_path="/data/models/m")
+    base = [*_without(INIT, "--model", "--artifact"), "--artifact", pinned, "--bake", str(art)]
+    assert cli("k8s", *base, check=False).returncode == ExitCode.CORRUPT
+    pod = _pod(_k8s(*base, "--model-mount", "/data"))
+    (server,) = pod["containers"]
+    assert {"name": "model", "mountPath": "/data/models/m", "readOnly": True} in server["volumeMounts"]
+    # the user's own command: a usage error, still one line
+    r = cli("k8s", *_without(INIT, "--model"), "--", "vllm", "serve", "/usr/lib", check=False)
+    assert r.returncode == ExitCode.USAGE and r.stderr.count("\n") == 1 and "/usr/lib" in r.stderr
+    r = cli("k8s", *_without(INIT, "--model"), "--model-mount", "/", "--", "vllm", "serve", ROOT, check=False)
+    assert r.returncode == ExitCode.USAGE and "where the Pod mounts cachebake" in r.stderr
+
+
+def test_kernel_knobs_and_identity_variables_never_reach_a_pod(triton_cache, tmp_path):
+    art = tmp_path / "evil"
+    for section in ({"serve_env": {"VLLM_TEST_FORCE_LOAD_FORMAT": "dummy"}},
+                    {"compile_identity": {"env_factors": {"VLLM_CACHE_ROOT": "/evil"},
+                                          "path_factors": {"VLLM_CACHE_ROOT": "/evil"}}}):
+        shutil.rmtree(art, ignore_errors=True)
+        bake = {"driver": "vllm", "model": {"path": "/models/m"}, "serve_args": {}, **section}
+        report = pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90", bake=bake, layer_root=ROOT)
+        base = [*_without(VOLUME, "--model", "--artifact"), "--bake", str(art),
+                "--artifact", f"docker://reg.example/b@{report.manifest_digest}"]
+        r = cli("k8s", *base, check=False)
+        assert r.returncode == ExitCode.CORRUPT and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+
+
 def test_a_name_cachebake_uses_for_its_own_containers_is_refused():
     r = cli("k8s", *INIT, "--name", "miss-log", check=False)
     assert r.returncode == ExitCode.BAD_INPUT and "a container cachebake adds" in r.stderr
 
 
-def _vllm_bake(triton_cache, tmp_path, layer_root=ROOT) -> tuple[Path, str]:
+def _vllm_bake(triton_cache, tmp_path, layer_root=ROOT, model_path="/models/served-here") -> tuple[Path, str]:
     """A bake whose section is what the vllm driver records (model path, serve args, the env it
     ran with): what `serve-args` prints a command from; and the reference pinned to it."""
     art = tmp_path / "vllm-bake"
-    bake = {"driver": "vllm", "model": {"path": "/models/served-here"},
+    bake = {"driver": "vllm", "model": {"path": model_path},
             "serve_args": {"max_num_seqs": 8, "enable_prefix_caching": True},
             "serve_env": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
             "env": {"root": ROOT, "invalidating_env_vars": {"TRITON_DEFAULT_FP_FUSION": "0"}}}

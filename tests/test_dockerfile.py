@@ -38,9 +38,15 @@ def test_cpu_form_differs_only_by_the_device_flag_and_syntax_line():
 
 
 def test_serving_stage_sets_what_install_hands_a_server():
+    # the one function install, serve-args and k8s build a server's environment with, for the
+    # layout of this image: every role installed at ROOT (cachebake.install.environment)
+    from cachebake.install.environment import ServerLayout, server_env
+
     env = dict(re.findall(r"(\w+)=(\S+)", DOCKERFILE.split("AS serve", 1)[1].split("ENV", 1)[1]))
-    expected = {k: v.replace(ROOT, "${ROOT}") for k, v in serving_env(ROOT, list(ROLE_ENV)).items()}
+    layout = server_env(None, ServerLayout.installed(ROOT, list(ROLE_ENV))).as_dict()
+    expected = {k: v.replace(ROOT, "${ROOT}") for k, v in layout.items()}
     assert {k: v.rstrip("\\") for k, v in env.items()} == expected
+    assert expected == {k: v.replace(ROOT, "${ROOT}") for k, v in serving_env(ROOT, list(ROLE_ENV)).items()}
 
 
 @pytest.mark.containers

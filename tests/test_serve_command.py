@@ -79,7 +79,10 @@ def _eval(art, cwd: Path, *extra):
 def test_eval_runs_exactly_the_exports_and_the_command_of_a_hostile_artifact(triton_cache, tmp_path):
     # one line: a model path with a line break is refused (test_a_model_path_with_a_line_break...)
     model = "/models/m $(touch CANARY)`touch CANARY`; touch CANARY"
-    bake = _bake(model={"path": model}, serve_env={**HOSTILE_VALUES, "TRITON_CACHE_AUTOTUNING": "1"},
+    # (the hostile values ride on cache-invalidating names: serve_env passes only the vllm
+    # driver's own few names since issue 31, test_every_route_refuses_what_the_rules_refuse)
+    hostile = {"TRITON_" + k[len("VLLM_"):]: v for k, v in HOSTILE_VALUES.items()}
+    bake = _bake(model={"path": model}, invalidating_env_vars=hostile,
                  serve_args={"max_num_seqs": 8, "tokenizer": INJECT, "weird_key; touch CANARY": "x\ny"})
     art = _artifact(triton_cache, tmp_path, bake)
     work = tmp_path / "work"
@@ -87,8 +90,9 @@ def test_eval_runs_exactly_the_exports_and_the_command_of_a_hostile_artifact(tri
     r, argv, changed = _eval(art, work)
     assert r.returncode == 0, r.stderr
     assert not (work / "CANARY").exists()
-    expected = {**HOSTILE_VALUES, "TRITON_CACHE_AUTOTUNING": "1"}
     from cachebake.artifact.fingerprint import current_fingerprint
+    from cachebake.roles import DEFAULT_ROOT, serving_env
+    expected = {**hostile, **serving_env(str(DEFAULT_ROOT), ["triton"])}  # the roles at the layer root
     expected.update(current_fingerprint("sm_90").env)  # the bake's cache-invalidating variables
     assert changed == expected
     assert argv == ["serve", model, "--max-num-seqs", "8", "--tokenizer", INJECT,

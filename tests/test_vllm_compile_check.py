@@ -202,7 +202,7 @@ def test_serve_args_exports_the_path_factors_and_says_what_it_cannot():
     assert "CUDA_HOME=/usr/local/cuda, VLLM_USE_FLASHINFER_SAMPLER=0 set" in notes
     hostile = real_identity(set_factors={"VLLM_X": "a\nrm -rf /"})
     assert all("\n" not in n for n in serve_command(_manifest(hostile)).notes)
-    assert serve_command(_manifest()).notes == []  # an older record: nothing to add
+    assert serve_command(_manifest(), root="/srv/cache").notes == []  # an older record: nothing to add
 
 
 def test_serve_args_env_file_and_the_installer_entrypoint(tmp_path, triton_cache):  # noqa: F811

@@ -84,6 +84,9 @@ def push(artifact, reference, target, tls_verify, authfile, sign_key, as_json):
                    "`vllm serve` reads.")
 @click.option("--model-in-image", is_flag=True,
               help="The serving image has the model at the path `vllm serve` reads.")
+@click.option("--model-mount", type=ABSOLUTE_PATH, default=None,
+              help="A dir of yours the model volume may be mounted under, besides /models (the "
+                   "only one otherwise: a --bake's model path outside both is refused, exit 5).")
 @click.option("--name", default="vllm", show_default=True, type=K8S_NAME, help="Deployment/Pod and container name.")
 @click.option("--root", type=ABSOLUTE_PATH, default=None, help="Where the server reads the cache (default /var/cache/cachebake).")
 @click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="nvidia.com/gpu limit of the server.")
@@ -107,7 +110,7 @@ def push(artifact, reference, target, tls_verify, authfile, sign_key, as_json):
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image,
         serving_image_has_cachebake, local_bake, model, model_pvc, model_in_image, name, root, gpus,
-        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, verify_keys, as_json, cmd):
+        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, verify_keys, as_json, cmd, model_mount=None):
     """Write Kubernetes manifests that give a server its bake.
 
     An init container filling an emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a
@@ -124,10 +127,15 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
     if local_bake:
         pinned = parse_reference(artifact).digest if is_reference(artifact) else None
         bake = read_local_bake(local_bake, target, pinned)
-        layer_root = bake.manifest.get("layer_root")
+        layer_root = bake.facts.layer_root
         if pattern == "image-volume" and layer_root and layer_root != root:
-            raise BadInput(f"--bake {local_bake} was packed for {layer_root} (its group files name it): "
-                           f"the image volume must be mounted there, --root {layer_root}")
+            raise BadInput(f"--bake {one_line(local_bake)} was packed for {one_line(layer_root)} (its "
+                           f"group files name it): the image volume must be mounted there, --root "
+                           f"{one_line(layer_root)}")
+    facts = bake.facts if bake else None
+    if facts is not None and pattern == "image-volume" and vllm_role \
+            and "vllm" not in (facts.recorded_roles() or ("vllm",)):
+        vllm_role = False  # the image has no vllm/ to mount over: the server cannot start otherwise
     pems = ()
     if verify_keys:
         from cachebake.distribute.keys import load_public_key
@@ -136,14 +144,15 @@ def k8s(artifact, serving_image, pattern, target, installer_image, install_in_se
             raise BadInput("--verify-key: the image-volume pattern has no installer to verify with; "
                            "admit signed bakes with an admission policy (cachebake k8s-policy)")
         pems = tuple(load_public_key(k).pem for k in verify_keys)
-    command, bake_env, notes = server_command(model, cmd, bake.manifest if bake else None, root=root)
+    command, notes, from_bake = server_command(model, cmd, facts)
     plan = PodPlan(artifact=artifact, serving_image=serving_image, pattern=pattern, target=target,
                    installer_image=installer_image, install_in_serving_image=install_in_serving_image,
                    name=name, root=root, command=command, gpus=gpus, kind=kind,
                    pull_secret=pull_secret, tls_verify=tls_verify, vllm_role=vllm_role,
                    tmp_size=tmp_size, declared_bytes=bake.declared_bytes if bake else None,
                    model_pvc=model_pvc, model_in_image=model_in_image,
-                   serving_image_has_cachebake=serving_image_has_cachebake, bake_env=bake_env,
+                   serving_image_has_cachebake=serving_image_has_cachebake, bake=facts,
+                   command_from_bake=from_bake, model_mount=model_mount,
                    verify_keys=pems)
     doc, more = manifest(plan)
     notes += more

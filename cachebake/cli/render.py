@@ -205,9 +205,11 @@ def render_install(report, console: Console) -> None:
                       f"{report.groups_relocated} group files and {report.relocated.get('vllm', 0)} "
                       f"vllm cache files relocated, {report.seconds:.2f} s"
                       f"{'' if report.synced else ' (not synced to disk: --no-sync)'}")
-    # shell words (as serve-args' export lines): the identity's values come from the artifact
+    # shell words (as serve-args' export lines); the values come from the artifact (and its
+    # compile identity): through printable, so no C0 or C1 control (U+009B, a CSI) reaches the
+    # terminal; serve-args --env-file and --json keep them exact
     for k, v in report.env.items():
-        console.print(f"{k}={shlex.quote(v)}", markup=False)
+        console.print(printable(f"{k}={shlex.quote(v)}"), markup=False)
 
 
 # ---------------------------------------------------------------------------- recipes etc.

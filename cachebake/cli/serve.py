@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
@@ -26,16 +24,9 @@ def serve_args_cmd(artifact, target, root, overlay, env_file, as_json):
 
     The command and the environment that match ARTIFACT's bake (a --driver vllm bake)."""
     from cachebake.cli.render import render_serve_command
-    from cachebake.serve.command import read_manifest, serve_command
+    from cachebake.serve.command import read_facts, serve_command
 
-    manifest = read_manifest(artifact, target)
-    cmd = serve_command(manifest, root=root, document=f"{artifact}: bake manifest")
-    if overlay is not None:
-        from cachebake.roles import serving_overlay_env
-
-        baked = cmd.env.get("TRITON_CACHE_DIR")  # <root>/triton
-        cmd.env.update(serving_overlay_env(overlay, os.path.dirname(baked) if baked else None,
-                                           manifest.get("roles") or ["triton"]))
+    cmd = serve_command(read_facts(artifact, target), root=root, overlay=overlay)
     if env_file is not None:
         write_env_file(env_file, cmd.env)
     output(as_json).emit(cmd, render=render_serve_command)

@@ -44,12 +44,22 @@ neither it refuses.  Misses are logged in the overlay; ``miss-log``, a native si
 (``restartPolicy: Always``, Kubernetes >= 1.29) in the serving image, streams the log to the
 Pod's logs (README, "Serving"), where cluster logging keeps it after the Pod is gone.
 
+The server's environment is ``server_env``'s (cachebake.install.environment, the one function
+install and serve-args use too) for the pattern's layout (``_layout``), and the server runs as
+uid ``NONROOT_UID`` (explicit: vLLM's image user is root) with a read-only root filesystem, no
+privilege escalation, no capabilities and the runtime's seccomp profile; every path it writes
+at import or at start is an emptyDir (HOME and, on an image volume, Inductor's and FlashInfer's
+dirs in ``SCRATCH_MOUNT``; /tmp): torch makes TORCHINDUCTOR_CACHE_DIR at import, and one in the
+read-only image volume killed the server before it logged a line (issue 30).
+
 The server runs a command (never the image's entrypoint: vLLM's needs arguments): ``-- CMD...``;
 else the ``vllm serve`` command of the bake itself when a local copy of it is given
 (``--bake ART``, a ``--driver vllm`` bake: model path, serve args and the environment
 ``serve-args`` prints); else ``--model``'s recipe flags.  A ``vllm serve PATH`` reads its model
 from PATH, which the Pod must provide: a PersistentVolumeClaim mounted read-only there
 (``model_pvc``), or the serving image's own copy (``model_in_image``); with neither it refuses.
+PATH may be an artifact's, so the claim is mounted only under ``MODEL_MOUNT_BASE`` or the
+user's ``model_mount``, never around another mount (``check_model_mount``, issue 31).
 
 The output is read by kubectl, so it is built as data and written by a serializer: the
 documents by PyYAML (``render``: every value quoted as the emitter decides, so a newline,
@@ -70,8 +80,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from cachebake.errors import BadInput, Unsupported, UsageError
-from cachebake.roles import DEFAULT_ROOT, MISS_LOG_ENV, ROLE_ENV, overlay_env, role_dir, serving_env
+import posixpath
+
+from cachebake.errors import BadInput, InvalidDocument, Unsupported, UsageError
+from cachebake.install.environment import BakeFacts, ServerLayout, server_env
+from cachebake.roles import DEFAULT_ROOT, MISS_LOG_ENV, ROLE_ENV, role_dir
 from cachebake.serve.command import comment, one_line
 
 PATTERNS = ("init", "image-volume")
@@ -88,6 +101,17 @@ OVERLAY_DIR = f"{OVERLAY_MOUNT}/cachebake"
 IMAGE_COPY_MOUNT = "/cachebake-image"  # where cachebake-vllm-copy sees the bake image
 VLLM_COPY_MOUNT = "/cachebake-vllm"  # ...and the emptyDir it fills, the server's ROOT/vllm
 VLLM_EMPTY_ROOT = "/var/cache/cachebake-vllm"  # VLLM_CACHE_ROOT for a bake without the role
+# The server's writable scratch (an emptyDir): its HOME, and, where the bake's own dir is
+# read-only (an image volume), what torch and FlashInfer write at import and at start: torch's
+# _dynamo/package.py makes TORCHINDUCTOR_CACHE_DIR at import (EROFS in a read-only volume: the
+# server dies before it logs a line, issue 30), FlashInfer JITs under FLASHINFER_WORKSPACE_BASE.
+SCRATCH_MOUNT = "/var/cache/cachebake-scratch"
+SCRATCH_INDUCTOR = f"{SCRATCH_MOUNT}/torchinductor"
+SERVER_TMP = "/tmp"  # an emptyDir too: IPC sockets, torch's and vLLM's temp files
+# Where a model volume may be mounted when the path comes from an artifact (a --bake's
+# `vllm serve PATH`): under here, or under the user's --model-mount; never a system dir, the
+# service-account token dir, or a dir the Pod mounts something else at (issue 31).
+MODEL_MOUNT_BASE = "/models"
 MODEL_VOLUME = "model"  # the PersistentVolumeClaim with the model, at the `vllm serve` path
 MISS_LOG_CONTAINER = "miss-log"  # the sidecar README's "Serving" collects from
 # Names of the containers this module adds: --name must not take one of them.
@@ -145,31 +169,31 @@ class PodPlan:
     model_pvc: str | None = None  # the claim mounted read-only at the `vllm serve` model path
     model_in_image: bool = False  # ...or the serving image has the model at that path
     serving_image_has_cachebake: bool = False  # image-volume: no cachebake-lib copy needed
-    bake_env: dict[str, str] = field(default_factory=dict)  # from the bake (serve-args), beside the roles'
+    bake: BakeFacts | None = None  # a local copy's facts (--bake): its environment routes
+    command_from_bake: bool = False  # the command (its model path) is the artifact's, not the user's
+    model_mount: str | None = None  # the user's own dir a model volume may be mounted under
     verify_keys: tuple[str, ...] = ()  # init: PEM public keys the installer verifies the image with
+    server_uid: int = NONROOT_UID  # the server's uid: the copied vllm role's and the overlay's owner
 
 
-def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest: dict | None = None,
-                   root: str | None = None) -> tuple[list[str], dict[str, str], list[str]]:
-    """(argv, environment, notes) of the server: ``cmd``; else the bake's own ``vllm serve``
-    command (``manifest``, a ``--driver vllm`` bake's: cachebake.serve.command.serve_command,
-    with the cache roles installed at ``root``), with the environment it records beside the
-    roles' (the model runner choice, cache-invalidating variables); else the recipe's flags."""
+def server_command(model: str | None, cmd: tuple[str, ...] | list[str], bake: BakeFacts | None = None,
+                   ) -> tuple[list[str], list[str], bool]:
+    """(argv, notes, from the bake) of the server: ``cmd``; else the bake's own ``vllm serve``
+    command (``bake``, a ``--driver vllm`` bake's: cachebake.serve.command.server_argv); else
+    the recipe's flags.  The environment is the Pod's (``pod_spec``: server_env)."""
     if model and cmd:
         raise UsageError("give --model or a command after --, not both")
     if cmd:
-        return list(cmd), {}, []
-    bake = manifest.get("bake") if isinstance(manifest, dict) else None
-    driver = bake.get("driver") if isinstance(bake, dict) else None
+        return list(cmd), [], False
+    driver = bake.bake.driver if bake is not None else None
     if driver == "vllm":
         if model:
             raise UsageError("--bake is a --driver vllm bake: its own command serves; give --model "
                              "or --bake, not both")
-        from cachebake.serve.command import serve_command
+        from cachebake.serve.command import server_argv
 
-        cmd_ = serve_command(manifest, root=root, document="--bake: bake manifest")
-        extra = {k: v for k, v in cmd_.env.items() if k not in ROLE_ENV.values()}
-        return cmd_.argv, extra, list(cmd_.notes)
+        path, flags, notes = server_argv(bake)
+        return ["vllm", "serve", path, *flags], notes, True
     if not model:
         raise UsageError("the server needs a command: --model M (`vllm serve` with its recipe's "
                          "flags), --bake ART (a --driver vllm bake's own command) or -- CMD...")
@@ -179,8 +203,8 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest
     if driver == "kernels":  # its kernels were planned for exact serve args: serve with those
         from cachebake.artifact.schema import Checker
 
-        c = Checker("--bake: bake manifest")
-        plan = c.obj(bake.get("plan") or {}, "bake.plan")
+        c = Checker(bake.document)
+        plan = c.obj(bake.bake.extra.get("plan") or {}, "bake.plan")
         args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
         notes = [f"the server's flags are those the --driver kernels bake's engine plan was computed "
                  f"for; its model path is recipe {model}'s"]
@@ -190,7 +214,7 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], manifest
     else:  # a command bake: it records no serve args
         notes = [f"the server's flags are recipe {model}'s: the --bake ran a command, not vLLM"]
     return (["vllm", "serve", model_dir,
-             *serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})], {}, notes)
+             *serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})], notes, False)
 
 
 def model_path(command: list[str]) -> str | None:
@@ -204,10 +228,10 @@ def model_path(command: list[str]) -> str | None:
 @dataclass
 class LocalBake:
     """A local copy of the bake the Pod pulls (``--bake``): what its blobs declare and its
-    manifest."""
+    manifest, read once into what the server's environment takes from it."""
 
     declared_bytes: int
-    manifest: dict
+    facts: BakeFacts
 
 
 def read_local_bake(artifact: str, target: str, pinned: str | None = None) -> LocalBake:
@@ -216,12 +240,16 @@ def read_local_bake(artifact: str, target: str, pinned: str | None = None) -> Lo
     from cachebake.artifact.oci import open_artifact
 
     return LocalBake(declared_bytes(artifact, target, pinned),
-                     open_artifact(artifact).select(target).manifest.to_dict())
+                     BakeFacts.from_manifest(open_artifact(artifact).select(target).manifest,
+                                             "--bake: bake manifest"))
 
 
-def _nonroot(read_only_root: bool = True) -> dict:
-    return {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID,
-            "readOnlyRootFilesystem": read_only_root, "allowPrivilegeEscalation": False,
+def _nonroot(uid: int = NONROOT_UID) -> dict:
+    """What a cluster operator wants of every container: not root (an explicit uid, so an image
+    whose user is root, as vLLM's is, still starts), a read-only root filesystem (every path
+    written is an emptyDir), no privilege escalation, no capabilities, the runtime's seccomp."""
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid,
+            "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
@@ -229,10 +257,35 @@ def _env(mapping: dict[str, str]) -> list[dict]:
     return [{"name": k, "value": v} for k, v in mapping.items()]
 
 
-def _server_env(root: str) -> dict[str, str]:
-    # Every role a bake can hold, as the Dockerfile's serving stage sets them: the bake ran
-    # with all of them pinned under its root (cachebake.capture.env).
-    return serving_env(root, list(ROLE_ENV))
+def _layout(plan: PodPlan) -> ServerLayout:
+    """Where the server finds each role, its overlay and its writable scratch, by pattern.
+
+    init: every role in the installed emptyDir at ROOT, writable.  image-volume: Triton's role
+    read-only in the image (misses go to the overlay), the vllm role in its writable copy (or
+    an empty emptyDir with --no-vllm-role), and Inductor's and FlashInfer's variables in the
+    scratch emptyDir: torch and FlashInfer write there at import and start, and the image is
+    read-only (measured on the H200 with vLLM 0.24, issue 30: with these two moved, ready in
+    55 s, 0 Triton compiles, the AOT artifact loaded).  HOME is the scratch dir in both."""
+    roles = list(plan.bake.recorded_roles() or ROLE_ENV) if plan.bake is not None else list(ROLE_ENV)
+    scratch = {"HOME": SCRATCH_MOUNT}
+    if plan.pattern == "init":
+        return ServerLayout.installed(plan.root, roles, scratch=scratch)
+    where = {"triton": role_dir(plan.root, "triton")}
+    if plan.vllm_role:
+        where["vllm"] = role_dir(plan.root, "vllm")
+    else:
+        scratch["VLLM_CACHE_ROOT"] = VLLM_EMPTY_ROOT
+    scratch["TORCHINDUCTOR_CACHE_DIR"] = SCRATCH_INDUCTOR
+    scratch["FLASHINFER_WORKSPACE_BASE"] = SCRATCH_MOUNT
+    return ServerLayout(where, OVERLAY_DIR, scratch)
+
+
+def _server_writable(plan: PodPlan, server: dict, volumes: list[dict]) -> None:
+    """The server's own emptyDirs (its root filesystem is read-only): the scratch dir (HOME,
+    and on an image volume Inductor's and FlashInfer's dirs) and /tmp."""
+    volumes += [{"name": "cachebake-scratch", "emptyDir": {}}, {"name": "server-tmp", "emptyDir": {}}]
+    server["volumeMounts"] += [{"name": "cachebake-scratch", "mountPath": SCRATCH_MOUNT},
+                               {"name": "server-tmp", "mountPath": SERVER_TMP}]
 
 
 def _install_args(plan: PodPlan, fingerprint: bool) -> list[str]:
@@ -323,15 +376,15 @@ def _init_pattern(plan: PodPlan, server: dict) -> tuple[list[dict], list[dict]]:
     if plan.install_in_serving_image:
         inits.append({"name": "cachebake-install", "image": plan.serving_image,
                       "command": ["cachebake", *_install_args(plan, fingerprint=False)],
-                      "env": server.get("env", []), "volumeMounts": install_mounts,
-                      "securityContext": _nonroot()})
+                      "env": [e for e in server.get("env", []) if e["name"] != "HOME"],
+                      "volumeMounts": install_mounts, "securityContext": _nonroot()})
         return inits, volumes
     inits.append(_lib_copy(plan, volumes))
     volumes.append({"name": "cachebake-fingerprint", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     fp_mount = {"name": "cachebake-fingerprint", "mountPath": FINGERPRINT_DIR}
     # The server's own variables (cache-invalidating ones enter Triton's key) plus the copy of
     # cachebake on PYTHONPATH; python -I would drop PYTHONPATH, so the env carries it.
-    fp_env = [e for e in server.get("env", []) if e["name"] != "PYTHONPATH"]
+    fp_env = [e for e in server.get("env", []) if e["name"] not in ("PYTHONPATH", "HOME")]
     fp_env.append({"name": "PYTHONPATH", "value": LIB_DIR})
     inits.append({"name": "cachebake-fingerprint", "image": plan.serving_image,
                   "command": ["python3", "-m", "cachebake.distribute.probe", "--target", plan.target,
@@ -353,9 +406,6 @@ def _writable_vllm_role(plan: PodPlan, server: dict, volumes: list[dict]) -> lis
     volumes.append({"name": "cachebake-vllm", "emptyDir": {}})
     if not plan.vllm_role:  # nothing to copy, and no ROOT/vllm in the image to mount over
         server["volumeMounts"].append({"name": "cachebake-vllm", "mountPath": VLLM_EMPTY_ROOT})
-        for e in server["env"]:
-            if e["name"] == ROLE_ENV["vllm"]:
-                e["value"] = VLLM_EMPTY_ROOT
         return []
     server["volumeMounts"].append({"name": "cachebake-vllm", "mountPath": role_dir(plan.root, "vllm")})
     # cp -a of each entry, not of vllm/. itself: that would also set the emptyDir's own times and
@@ -365,7 +415,7 @@ def _writable_vllm_role(plan: PodPlan, server: dict, volumes: list[dict]) -> lis
                          "-exec", "cp", "-a", "{}", f"{VLLM_COPY_MOUNT}/", ";"],
              "volumeMounts": [{"name": "cachebake", "mountPath": IMAGE_COPY_MOUNT, "readOnly": True},
                               {"name": "cachebake-vllm", "mountPath": VLLM_COPY_MOUNT}],
-             "securityContext": _nonroot()}]
+             "securityContext": _nonroot(plan.server_uid)}]
 
 
 def _miss_log_sidecar(plan: PodPlan, log: str) -> dict:
@@ -376,11 +426,35 @@ def _miss_log_sidecar(plan: PodPlan, log: str) -> dict:
     return {"name": MISS_LOG_CONTAINER, "image": plan.serving_image, "restartPolicy": "Always",
             "command": ["tail", "-n", "+1", "-F", log],
             "volumeMounts": [{"name": "cachebake-overlay", "mountPath": OVERLAY_MOUNT, "readOnly": True}],
-            # the server's own user (the image's, as the server container runs): the overlay is
-            # the server's 0700 dir, which no other uid may read; hardened otherwise
-            "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"]},
-                                "seccompProfile": {"type": "RuntimeDefault"}}}
+            # the server's own uid: the overlay is the server's 0700 dir, which no other uid may read
+            "securityContext": _nonroot(plan.server_uid)}
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def check_model_mount(plan: PodPlan, path: str, server: dict) -> None:
+    """Where the model volume goes, when that is ``path`` (the server's ``vllm serve PATH``):
+    one normalized absolute path, under ``MODEL_MOUNT_BASE`` or the user's ``--model-mount``,
+    and neither at, inside nor around a path the Pod mounts something else at.  A path the
+    artifact chose (``command_from_bake``) that breaks this is a corrupt artifact (exit 5), one
+    the user chose is a usage error (exit 2); one line each."""
+    def refuse(why: str):
+        if plan.command_from_bake:
+            raise InvalidDocument("--bake: bake manifest", "bake.model.path", f"{ascii(path)[1:-1]} {why}")
+        raise UsageError(f"the model path {ascii(path)[1:-1]} {why}")
+
+    if not path.startswith("/") or posixpath.normpath(path) != path or "//" in path:
+        refuse("is not a normalized absolute path: the model volume is mounted there")
+    bases = [MODEL_MOUNT_BASE] + ([plan.model_mount] if plan.model_mount else [])
+    if not any(_under(path, b) for b in bases):
+        refuse(f"is not under {' or '.join(bases)}: a model volume is mounted only there "
+               "(--model-mount DIR allows another dir of yours)")
+    for m in server["volumeMounts"]:
+        other = m["mountPath"]
+        if _under(path, other) or _under(other, path):
+            refuse(f"is at or around {other}, where the Pod mounts {m['name']}")
 
 
 def _model_volume(plan: PodPlan, server: dict, volumes: list[dict], notes: list[str]) -> None:
@@ -401,9 +475,12 @@ def _model_volume(plan: PodPlan, server: dict, volumes: list[dict], notes: list[
         raise UsageError(f"the server runs `vllm serve {one_line(path)}`: give --model-pvc CLAIM (a "
                          "PersistentVolumeClaim holding the model, mounted read-only there) or "
                          "--model-in-image (the serving image has it)")
+    check_model_mount(plan, path, server)
     volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": plan.model_pvc,
                                                                     "readOnly": True}})
     server["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": path, "readOnly": True})
+    notes.append(f"the server runs as uid {plan.server_uid}: the claim's files must be readable by it "
+                 "(or set the Pod's fsGroup)")
 
 
 def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
@@ -422,9 +499,11 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
                          "one): --model M, --bake ART or -- CMD...")
     plan.target = GPUTargetSpec.parse(plan.target).ref_name
     server: dict = {"name": plan.name, "image": plan.serving_image, "command": plan.command}
-    server["env"] = _env({**_server_env(plan.root),
-                          **{k: v for k, v in plan.bake_env.items() if k not in ROLE_ENV.values()}})
+    env = server_env(plan.bake, _layout(plan))  # the one function every caller builds it with
+    server["env"] = _env(env.as_dict())
+    notes += env.notes
     server["volumeMounts"] = []
+    server["securityContext"] = _nonroot(plan.server_uid)
     if plan.gpus:
         server["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus}}
     spec: dict = {}
@@ -460,8 +539,6 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
                              "--serving-image-has-cachebake, one of them")
         ref = parse_reference(plan.artifact)
         image_ref = f"{ref.name}@{ref.digest}" if ref.digest else f"{ref.name}:{ref.tag or plan.target}"
-        overlay = overlay_env(OVERLAY_DIR)
-        server["env"] += _env(overlay)
         # ROOT first, then the vllm role's mount inside it (runtimes sort mounts by depth too)
         server["volumeMounts"].append({"name": "cachebake", "mountPath": plan.root, "readOnly": True})
         volumes = [{"name": "cachebake", "image": {"reference": image_ref, "pullPolicy": "IfNotPresent"}}]
@@ -481,10 +558,11 @@ def pod_spec(plan: PodPlan) -> tuple[dict, list[str]]:
             notes.append(f"the server imports cachebake's layered cache manager from {LIB_DIR} "
                          "(PYTHONPATH, copied there by cachebake-lib from the installer image): a "
                          "PYTHONPATH the serving image sets is replaced")
-        inits.append(_miss_log_sidecar(plan, overlay[MISS_LOG_ENV]))
+        inits.append(_miss_log_sidecar(plan, env.as_dict()[MISS_LOG_ENV]))
         spec["initContainers"] = inits
         notes.append(f"image volumes need Kubernetes >= 1.35 and a runtime that reads zstd layers "
                      f"(containerd >= 1.5, CRI-O); {plan.root} must be the root the bake was made at")
+    _server_writable(plan, server, volumes)
     _model_volume(plan, server, volumes, notes)
     if plan.pull_secret:
         spec["imagePullSecrets"] = [{"name": plan.pull_secret}]

@@ -42,9 +42,9 @@ from cachebake.artifact.reader import open_source
 from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
 from cachebake.install.inventory import InstallMarker
-from cachebake.roles import ROLE_ENV, serving_env
+from cachebake.install.environment import IDENTITY, BakeFacts, ServerLayout, server_env
+from cachebake.roles import OVERLAY_ENV
 from cachebake.roles import serving_overlay_env as runtime_env
-from cachebake.vllm.serveargs import identity_serve_env
 
 LOCK_TIMEOUT_S = 600.0
 
@@ -62,6 +62,7 @@ class InstallReport:
     roles: list[str]
     env: dict[str, str]
     # the part of ``env`` that is vLLM's compile identity (serveargs.identity_serve_env)
+    # (``env`` is cachebake.install.environment.server_env's, as serve-args and k8s print it)
     identity_env: dict[str, str] = field(default_factory=dict)
     version_dir: str = ""
     entries: int = 0
@@ -142,7 +143,15 @@ class _Plan:
     limits: extract.LayerLimits
     serve_root: str
     started: float
-    signature: dict[str, str] | None = None
+    facts: BakeFacts  # what the server's environment takes from the bake
+    overlay: str | None = None  # checked (runtime_env)
+    signature: dict[str, str] | None = None  # install --verify-key: what verified it
+
+    def environment(self, roles) -> None:
+        """The report's environment for the roles the server gets: server_env's."""
+        env = server_env(self.facts, ServerLayout.installed(self.serve_root, roles, self.overlay))
+        self.report.env = env.as_dict()
+        self.report.identity_env = env.of(IDENTITY)
 
     def ours(self, marker: InstallMarker | None) -> bool:
         """Whether ``marker`` records this very bake, for this serving path, with these roles."""
@@ -170,7 +179,7 @@ class _Plan:
         if version is not None:
             report.version_dir = str(dest.state / "versions" / version)
         if left_out is not None:
-            _left_out(report, left_out)
+            _left_out(self, left_out)
         report.seconds = round(time.monotonic() - self.started, 3)
         return report
 
@@ -188,21 +197,25 @@ def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_
                                  checked_this_process=fingerprint_file is None,
                                  hashed=preflight.hashed_vllm_variables(manifest.bake.to_json()))
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
-    # vLLM hashes its HOME/XDG-derived paths into the torch.compile dirs: the server gets the
-    # bake's values, as serve-args prints them, or the vllm role is never loaded
-    identity = identity_serve_env(manifest.bake.to_json()) if "vllm" in roles else {}
     report = InstallReport(
         status="installed", artifact=artifact_name, target=bake.target,
         layer_digest=bake.layer_digest, to=str(dest.root),
-        serve_at=serve_root, roles=roles, env={**serving_env(serve_root, roles), **identity},
-        identity_env=identity, mismatches=mismatches, synced=dest.sync, signature=dict(signature or {}))
-    if overlay is not None:
-        report.env.update(runtime_env(overlay, serve_root, roles))
+        serve_at=serve_root, roles=roles, env={}, mismatches=mismatches, synced=dest.sync,
+        signature=dict(signature or {}))
+    if overlay is not None:  # checked: absolute, outside the tree, a triton role to layer
+        overlay = runtime_env(overlay, serve_root, roles)[OVERLAY_ENV]
     dest.check_usable(roles)
     # the longest path an entry lands at: DIR/.cachebake/versions/<digest12>-<rand8>/<entry>
     version_root = str(dest.state / "versions" / ("0" * 21))
     limits = extract.LayerLimits.from_manifest(manifest, bake.layer_size, (version_root, serve_root))
-    return _Plan(source, bake, report, limits, serve_root, started, signature)
+    plan = _Plan(source, bake, report, limits, serve_root, started,
+                 BakeFacts.from_manifest(manifest, f"{artifact_name}: bake manifest"), overlay,
+                 signature)
+    # vLLM hashes its HOME/XDG-derived paths into the torch.compile dirs: the server gets the
+    # bake's values (the compile identity), as serve-args prints them, or the vllm role is
+    # never loaded; and an artifact's variable that the rules refuse is refused here, exit 5
+    plan.environment(roles)
+    return plan
 
 
 def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **options) -> InstallReport:
@@ -219,7 +232,7 @@ def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **o
     if check_only:  # the plan plus a dry extraction: every check, nothing written
         report.damage = damage if plan.ours(marker) else []
         vllm, stats = plan.extract(None)
-        _fill(report, stats, vllm)
+        _fill(plan, stats, vllm)
         status = "would repair" if plan.ours(marker) else "would replace" if marker or damage else "would install"
         return plan.done(status, dest, None)
 
@@ -235,7 +248,7 @@ def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **o
             tx.drop(role)
             stats.dirs = [d for d in stats.dirs if d.split("/", 1)[0] != role]
             stats.inventory = {n: r for n, r in stats.inventory.items() if n.split("/", 1)[0] != role}
-        _fill(report, stats, vllm)
+        _fill(plan, stats, vllm)
         version = tx.commit(InstallMarker(
             layer_digest=plan.bake.layer_digest, target=report.target, roles=tuple(report.roles),
             serve_at=plan.serve_root, artifact=report.artifact,
@@ -247,8 +260,9 @@ def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **o
     return plan.done(report.status, dest, version)
 
 
-def _fill(report: InstallReport, stats: extract.LayerStats, vllm: relocate_vllm.RoleRelocation) -> None:
+def _fill(plan: _Plan, stats: extract.LayerStats, vllm: relocate_vllm.RoleRelocation) -> None:
     """Counts for the report; the roles left out are out of the counts, the roles and the env."""
+    report = plan.report
     if vllm.left_out:
         kept = [n for n in stats.inventory if n.split("/", 1)[0] not in vllm.left_out]
         report.entries, report.files = len(kept) + len(stats.dirs), len(kept)
@@ -259,20 +273,16 @@ def _fill(report: InstallReport, stats: extract.LayerStats, vllm: relocate_vllm.
     report.relocated = {role: n for role, n in
                         {"triton": report.groups_relocated, **dict(vllm.files)}.items()
                         if n and role not in vllm.left_out}
-    _left_out(report, vllm.left_out)
+    _left_out(plan, vllm.left_out)
 
 
-def _left_out(report: InstallReport, left_out: dict[str, str]) -> None:
-    """Take the roles install could not relocate out of the report's roles and environment."""
+def _left_out(plan: _Plan, left_out: dict[str, str]) -> None:
+    """Take the roles install could not relocate out of the report's roles and environment
+    (server_env again without them: for vllm, its compile identity goes too)."""
+    report = plan.report
     report.left_out = dict(left_out)
     report.roles = [r for r in report.roles if r not in left_out]
-    # the left-out roles' variables go (for vllm, its compile identity's too); the rest (the
-    # overlay's, when asked) stays
-    dropped = {ROLE_ENV[r] for r in left_out if r in ROLE_ENV}
-    if "vllm" in left_out:
-        dropped |= set(report.identity_env)
-        report.identity_env = {}
-    report.env = {k: v for k, v in report.env.items() if k not in dropped}
+    plan.environment(report.roles)
     report.warnings = [f"left the {role} role out ({reason}); the other roles are installed "
                        "and the server compiles what that role held"
                        for role, reason in sorted(left_out.items())]

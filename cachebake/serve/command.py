@@ -1,9 +1,10 @@
 """``serve-args``: from a bake's manifest, the ``vllm serve`` command and the environment that
 match the bake (``serve_command``): the bake's serve args (cachebake.vllm.serveargs) turned back
-into flags, each cache role where install put it (``roles.serving_env``), the cache-invalidating
-variables the bake ran with, and the variables vLLM's torch.compile hashes need to come out as
-the bake's (``serveargs.identity_serve_env``: the HOME/XDG-derived compile factors, the Hugging
-Face cache of a hub id).
+into flags, and the server's environment as the one function that builds it for every caller
+gives it (cachebake.install.environment.server_env: each cache role where install put it, the
+cache-invalidating variables the bake ran with, and the variables vLLM's torch.compile hashes
+need to come out as the bake's).  The manifest is read once into its typed form
+(``read_facts``: ``BakeFacts``) and passed on.
 
 The manifest is hostile input (an artifact from a registry, a JSON file from anywhere), and its
 text is meant for ``eval "$(cachebake serve-args ART)"``: so every environment key must be a
@@ -15,7 +16,6 @@ comment only folded onto one line (``one_line``).  What ``eval`` runs is then ex
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +23,11 @@ from typing import Any
 
 from cachebake import roles as roles_mod
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
-from cachebake.vllm.serveargs import (BAKE_ONLY, IDENTITY_KEY, identity_serve_env, model_reference,
-                                 serve_args_to_flags)
+# The rules on what an artifact may set in a server's environment live with the one function
+# that builds it (cachebake.install.environment); ENV_NAME and check_env re-exported for readers.
+from cachebake.install.environment import ENV_NAME, BakeFacts, ServerLayout, check_env, server_env  # noqa: F401
+from cachebake.vllm.serveargs import BAKE_ONLY, IDENTITY_KEY, model_reference, serve_args_to_flags
 
-# POSIX's portable environment variable names (and what every shell's `export` takes)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters that end or disturb a line in the text other programs read: C0 and C1 controls,
 # DEL, and the line breaks YAML 1.1 (PyYAML) and Unicode know beyond \n and \r.
 _BREAKS = {c: ascii(chr(c))[1:-1] for c in [*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0), 0x2028, 0x2029]}
@@ -47,59 +47,6 @@ def one_line(text) -> str:
 def comment(text) -> str:
     """A ``# ...`` comment line for shell or YAML, from any text (``one_line``)."""
     return f"# {one_line(text)}"
-
-
-# What an artifact may set in the server's environment.  The bake records what it ran with
-# (vLLM's switches such as VLLM_USE_V2_MODEL_RUNNER; Triton's cache-invalidating variables, which
-# enter every kernel key), and serve-args hands that on; but a manifest is hostile, and some
-# variables make a process load code or run a program of the writer's choosing (LD_PRELOAD,
-# PYTHONPATH, TRITON_CACHE_MANAGER names a class to import, TRITON_PTXAS_PATH a binary, CC a
-# compiler).  So only these families pass, and within them no name that points at something to
-# load or run.
-SERVER_ENV_PREFIXES = ("VLLM_", "TRITON_", "TORCHINDUCTOR_", "FLASHINFER_", "HF_")
-# Triton 3.6's cache-invalidating variables (triton/knobs.py env names) beside TRITON_*
-INVALIDATING_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "NVPTX_", "AMDGCN_")
-INVALIDATING_NAMES = ("DISABLE_PTXAS_OPT", "PTXAS_OPTIONS", "USE_IR_LOC")
-# Within the families, refused by the shape of the name: what points at something to load or run
-# (a path, a dir, a class, a plugin, a library), a place files are read from or written to (a
-# home or root: TRITON_HOME moves Triton's override and dump dirs, HF_HOME the model cache), and
-# a service or credential (an endpoint, host, port, token, key: HF_ENDPOINT sends HF_TOKEN where
-# it points, VLLM_API_KEY sets the server's key)...
-_LOADS_SOMETHING = re.compile(r"(?:_PATHS?|_DIR|_MANAGER|_BACKEND|_PLUGINS?|_LIBS?|_FILE|PRELOAD"
-                              r"|_HOME|_ROOT|_ENDPOINT|_URL|_HOST|_IP|_PORT|_TOKEN|_KEY)\Z")
-# ... and by name, the knobs that swap or bypass what the bake made, or open the server:
-# Triton 3.6's kernel override and dump (knobs.py: IR loaded from / written to TRITON_HOME's
-# dirs), compiling always, the interpreter, the remote cache, instrumentation; vLLM's pickle
-# deserialization, dev endpoints, LoRA loading at runtime and ModelScope downloads (envs.py).
-_SWAPS_OR_OPENS = frozenset({
-    "TRITON_KERNEL_OVERRIDE", "TRITON_KERNEL_DUMP", "TRITON_ALWAYS_COMPILE", "TRITON_INTERPRET",
-    "TRITON_REDIS_KEY_FORMAT", "TRITON_INSTRUMENTATION_MODE",
-    "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-    "VLLM_USE_MODELSCOPE",
-})
-
-
-def check_env(env: dict, document: str, field: str,
-              allowed: tuple[tuple[str, ...], tuple[str, ...]] | None = None) -> dict[str, str]:
-    """``env`` as a server environment: names ``ENV_NAME``, values strings without NUL (which
-    no environment can hold); anything else is refused as a malformed document (exit 5).
-    ``allowed``: (prefixes, names) a key must match, and then name nothing to load or run."""
-    if not isinstance(env, dict):
-        raise InvalidDocument(document, field, "must be an object of environment variables")
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
-            raise InvalidDocument(document, f"{field}[{ascii(key)}]",
-                                  "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        if allowed is not None and not (key.startswith(allowed[0]) or key in allowed[1]) or (
-                allowed is not None and key not in allowed[1]
-                and (_LOADS_SOMETHING.search(key) or key in _SWAPS_OR_OPENS)):
-            raise InvalidDocument(document, f"{field}.{key}",
-                                  "is not a variable an artifact may set in the server (it names "
-                                  "code, a place or a service, swaps what the bake made, or is outside "
-                                  f"{', '.join(p + '*' for p in allowed[0])})")
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidDocument(document, f"{field}.{key}", "must be a string without NUL")
-    return env
 
 
 @dataclass
@@ -153,6 +100,20 @@ def read_manifest(artifact: str, target: str | None = None) -> dict[str, Any]:
     return open_source(str(p)).select(target).manifest.to_dict()
 
 
+def read_facts(artifact: str, target: str | None = None, document: str | None = None) -> BakeFacts:
+    """What the server's environment takes from a bake (``BakeFacts``), read once: an artifact's
+    manifest through the OCI reader (typed there), or a manifest JSON file (typed here)."""
+    document = document or f"{artifact}: bake manifest"
+    p = Path(artifact)
+    if p.is_file() and p.suffix == ".json":
+        return BakeFacts.from_document(read_manifest(artifact, target), document)
+    from cachebake.artifact.reader import open_source
+
+    if not p.exists():
+        raise BadInput(f"{p}: no such artifact")
+    return BakeFacts.from_manifest(open_source(str(p)).select(target).manifest, document)
+
+
 def _left_out(root: str) -> dict[str, str]:
     """Roles an install at ``root`` left out (install.json's ``left_out``): the server must
     not be pointed at them.  install.json sits in a shared volume: InstallMarker checks that
@@ -164,21 +125,13 @@ def _left_out(root: str) -> dict[str, str]:
     return dict(marker.left_out) if marker else {}
 
 
-def _roles(value, c, field: str) -> list[str] | None:
-    if value is None:
-        return None
-    from cachebake.artifact.schema import check_roles
-
-    return check_roles(value, c, field)
-
-
-def _kernels_bake(c, bake: dict) -> str:
+def _kernels_bake(c, bake) -> str:
     """What ``serve-args`` can still say of a ``--driver kernels`` bake: it holds vLLM's
     Mamba2 kernels for one engine plan, and no engine record (model path, torch.compile), so
     no whole command; but the plan was computed for exact serve args, and a server started
     with them on that GPU hits those kernels.  The flags come from the artifact: one line,
     control characters escaped (``one_line``)."""
-    plan = c.obj(bake.get("plan") or {}, "bake.plan")
+    plan = c.obj(bake.extra.get("plan") or {}, "bake.plan")
     args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
     target = c.obj(plan.get("target") or {}, "bake.plan.target")
     gpu = c.opt_str(target.get("gpu_name"), "bake.plan.target.gpu_name")
@@ -193,86 +146,69 @@ def _kernels_bake(c, bake: dict) -> str:
                     "prints for the kernels to hit; a --driver vllm bake gives the whole command")
 
 
-def serve_command(manifest: dict[str, Any], root: str | None = None,
-                  document: str = "bake manifest") -> ServeCommand:
-    """The ``vllm serve`` command and environment matching a bake, from its manifest dict.
+def server_argv(facts: BakeFacts) -> tuple[str, list[str], list[str]]:
+    """(model path, flags, notes) of the ``vllm serve`` command a ``--driver vllm`` bake records.
 
-    ``root``: where the artifact is (or will be) installed; the cache roles' variables point
-    under it.  Without it, the root the bake used.  The bake section is either the vllm
-    driver's own record (``bake_record``: model path and serve args) or the build's record of
-    the driver (``model``, ``tp``, ``serve_args``, ``model_dir``), from which the rest is
-    resolved the way the driver resolved it.  Every field read is type-checked first
-    (InvalidDocument, exit 5, naming ``document`` and the field)."""
+    The bake section is either the vllm driver's own record (``model`` an object: its path, and
+    ``serve_args``) or the build's record of the driver (``model``, ``tp``, ``serve_args``,
+    ``model_dir``), from which the rest is resolved the way the driver resolved it."""
     from cachebake.artifact.schema import Checker
 
-    c = Checker(document)
-    bake = c.obj(manifest.get("bake") or {}, "bake")
-    if bake.get("driver") == "kernels":
+    c = Checker(facts.document)
+    bake = facts.bake
+    if bake.driver == "kernels":
         raise BadInput(_kernels_bake(c, bake))
-    if bake.get("driver") != "vllm":
+    if bake.driver != "vllm":
         raise BadInput("this artifact was not baked with the vllm driver: it records no vLLM serve args")
-    model = bake.get("model")
     notes: list[str] = []
-    if isinstance(model, dict):
-        path = c.opt_str(model.get("path"), "bake.model.path")
-        serve_args = bake.get("serve_args")
-        if serve_args is not None:
-            c.obj(serve_args, "bake.serve_args")
+    if isinstance(bake.model, dict):
+        path = c.opt_str(bake.model.get("path"), "bake.model.path")
+        serve_args = bake.serve_args
     else:
-        path = c.opt_str(bake.get("model_dir"), "bake.model_dir")
-        if not model:
+        if not bake.model:
             raise BadInput("this artifact's bake section records no model")
-        c.string(model, "bake.model")
-        tp = c.opt_int(bake.get("tp"), "bake.tp", lo=1, hi=1 << 16)
-        recorded = bake.get("serve_args")
-        if recorded is not None and not isinstance(recorded, (dict, str)):
-            c.fail("bake.serve_args", "must be an object or vllm serve flags")
         from cachebake.vllm.serveargs import resolve  # as the driver resolved it
 
-        recipe, serve_args, resolved_path = resolve(model, tp, serve_args=recorded, model_dir=path)
-        path = resolved_path
+        recipe, serve_args, path = resolve(bake.model, bake.tp, serve_args=bake.serve_args,
+                                           model_dir=bake.model_dir)
         if recipe.local_path is None:
             notes.append(f"serve args resolved from recipe {recipe.ref} as this cachebake knows it")
     if not path or serve_args is None:
         raise BadInput("this artifact's bake section records no model path / serve args")
     if _has_control(path):  # the server's first argument, and a line of k8s' command
         c.fail("bake.model.path", "must be one line without control characters")
-    flags = serve_args_to_flags({k: v for k, v in serve_args.items() if k not in BAKE_ONLY})
-    env_rec = c.obj(bake.get("env") or {}, "bake.env")
-    roles = (_roles(manifest.get("roles"), c, "roles") or _roles(env_rec.get("roles"), c, "bake.env.roles")
-             or _roles(bake.get("roles"), c, "bake.roles"))
-    env: dict[str, str] = {}
-    base = root or c.opt_str(env_rec.get("root"), "bake.env.root")
-    if base is not None and not base.startswith("/"):
-        c.fail("bake.env.root", "must be an absolute path")
-    if root is None and base is not None and _has_control(base):
-        # every role's variable is made of it: one line, as the user's --root must be for k8s
-        c.fail("bake.env.root", "must be an absolute path without control characters")
-    # the roles' own variables: where the bake had them (replaced below by the install's)
-    baked_env = check_env(bake.get("serve_env") or {}, document, "bake.serve_env",
-                          (SERVER_ENV_PREFIXES, tuple(roles_mod.ROLE_ENV.values())))
-    if base is not None:
-        roles = list(roles or roles_mod.ROLE_ENV)
-        left_out = _left_out(root) if root else {}
-        for role, why in sorted(left_out.items()):
-            notes.append(f"the {role} role was left out at install ({why}): not exported")
-        env.update(roles_mod.serving_env(base, [r for r in roles if r not in left_out]))
-        # the rest of what the bake ran with (e.g. VLLM_USE_V2_MODEL_RUNNER) holds anywhere
-        env.update({k: v for k, v in baked_env.items() if k not in roles_mod.ROLE_ENV.values()})
-    else:
-        env.update(baked_env)
-    # Cache-invalidating variables enter every kernel key: the server must set them identically.
-    fingerprint = c.obj(manifest.get("fingerprint") or {}, "fingerprint")
-    invalidating = (INVALIDATING_PREFIXES, INVALIDATING_NAMES)
-    env.update(check_env(fingerprint.get("env") or {}, document, "fingerprint.env", invalidating))
-    env.update(check_env(env_rec.get("invalidating_env_vars") or {}, document,
-                         "bake.env.invalidating_env_vars", invalidating))
-    env.update(check_env(bake.get("invalidating_env_vars") or {}, document,
-                         "bake.invalidating_env_vars", invalidating))
-    # vLLM's torch.compile hashes: the factors that follow HOME/XDG, exactly as the bake had them
-    env.update(identity_serve_env(bake))
-    notes += identity_notes(bake, path, env)
-    return ServeCommand(model_path=path, flags=flags, env=env, notes=notes)
+    return path, serve_args_to_flags({k: v for k, v in serve_args.items() if k not in BAKE_ONLY}), notes
+
+
+def serve_command(facts: BakeFacts | dict, root: str | None = None,
+                  document: str = "bake manifest", overlay: str | None = None) -> ServeCommand:
+    """The ``vllm serve`` command and environment matching a bake.
+
+    ``facts``: the bake as ``read_facts`` gives it (a manifest dict is typed once, here).
+    ``root``: where the artifact is (or will be) installed; the cache roles' variables point
+    under it (less the roles an install there left out).  ``overlay``: the layered cache
+    manager's writable dir (``roles.serving_overlay_env`` checks it).  Without ``root``, the root the bake
+    recorded; a manifest that records none gets no role variables, and a note says so (they
+    are never taken from the artifact's own record).  The environment is ``server_env``'s."""
+    if not isinstance(facts, BakeFacts):
+        facts = BakeFacts.from_document(facts, document)
+    path, flags, notes = server_argv(facts)
+    base = root or facts.recorded_root()
+    roles = list(facts.recorded_roles() or roles_mod.ROLE_ENV)
+    if base is None:
+        roles = []
+        notes.append("the bake records no root: no cache role is exported; give --root DIR "
+                     "(where the artifact is installed)")
+    left_out = _left_out(root) if root else {}
+    for role, why in sorted(left_out.items()):
+        notes.append(f"the {role} role was left out at install ({why}): not exported")
+    kept = [r for r in roles if r not in left_out]
+    if overlay is not None:  # checked: absolute, outside the tree, and a triton role to layer
+        overlay = roles_mod.serving_overlay_env(overlay, base, kept)[roles_mod.OVERLAY_ENV]
+    env = server_env(facts, ServerLayout.installed(base or "/", kept, overlay))
+    notes += env.notes
+    notes += identity_notes(facts.bake.to_json(), path, env.as_dict())
+    return ServeCommand(model_path=path, flags=flags, env=env.as_dict(), notes=notes)
 
 
 def _shown(text: object, limit: int = 200) -> str:

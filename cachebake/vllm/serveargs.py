@@ -218,7 +218,7 @@ def _identity_path(identity: dict, field_name: str, value: Any) -> str:
     from cachebake.errors import InvalidDocument
 
     if (not isinstance(value, str) or not os.path.isabs(value) or len(value) > MAX_PATH_CHARS
-            or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+            or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or ord(c) in (0x2028, 0x2029) for c in value)):
         raise InvalidDocument("bake manifest", f"bake.{IDENTITY_KEY}.{field_name}",
                               "is not an absolute path")
     return value
@@ -238,8 +238,11 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
       HF_HUB_CACHE and HF_HUB_OFFLINE=1, or the server hashes another model string.
 
     The record comes from an artifact, so only what it may hold is taken: VLLM_ names that
-    are among its own compile factors with the same value, and absolute paths; anything else is
-    refused (CorruptArtifact), never exported."""
+    are among its own compile factors with the same value, and absolute one-line paths (no C0
+    or C1 control: they reach terminals and env files); anything else is refused
+    (InvalidDocument, exit 5), never exported.  These are candidates: the one function that
+    builds a server's environment (cachebake.install.environment.server_env) lets only its
+    ``IDENTITY_NAMES`` through, so this route cannot set a role's variable or a knob."""
     from cachebake.errors import InvalidDocument
 
     identity = bake.get(IDENTITY_KEY)
