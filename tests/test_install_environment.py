@@ -93,3 +93,15 @@ def test_install_prints_no_control_character_of_an_artifact(capsys):
     out = capsys.readouterr().out
     assert not any(0x80 <= ord(c) < 0xa0 or (ord(c) < 32 and c != "\n") for c in out), ascii(out)
     assert "VLLM_CONFIG_ROOT=" in out
+
+
+def test_every_variable_the_vllm_driver_records_may_reach_the_server():
+    """What the vllm driver records in a bake's serve_env is what the server's environment lets
+    through: on the H200 (vLLM 0.34) the startup plan's switch was recorded by the driver and
+    refused by serve-args, a bake no Pod could serve."""
+    from cachebake.install.environment import SERVE_ENV_NAMES
+    from cachebake.vllm.engine import SERVE_ENV_VARS
+    from cachebake.vllm.versions import STARTUP_PLAN_ENV
+
+    assert set(SERVE_ENV_VARS) <= set(SERVE_ENV_NAMES)
+    assert STARTUP_PLAN_ENV in SERVE_ENV_NAMES

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from cachebake.errors import BadInput, InvalidDocument
 from cachebake.roles import MANAGER_ENV, MISS_LOG_ENV, OVERLAY_ENV, ROLE_ENV, overlay_env, role_dir, role_env
+from cachebake.vllm.engine import SERVE_ENV_VARS
 
 # POSIX's portable environment variable names (and what every shell's `export` takes)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -55,8 +56,9 @@ FROM_ARTIFACT = (SERVE_ENV, INVALIDATING, IDENTITY)
 
 # Route 1: the vllm driver's serve_env holds the roles' variables and these
 # (cachebake.vllm.engine.SERVE_ENV_VARS, which records them): nothing else passes.
-SERVE_ENV_NAMES = ("TRITON_CACHE_AUTOTUNING", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_AOT_COMPILE",
-                   "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")
+# One home: the list the driver records from is the list that passes (the startup plan's switch,
+# added for vLLM 0.34, was refused here on the H200 while the driver recorded it).
+SERVE_ENV_NAMES = SERVE_ENV_VARS
 # Route 2: Triton 3.6's cache-invalidating variables (triton/knobs.py env names)
 INVALIDATING_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "NVPTX_", "AMDGCN_")
 INVALIDATING_NAMES = ("DISABLE_PTXAS_OPT", "PTXAS_OPTIONS", "USE_IR_LOC")
