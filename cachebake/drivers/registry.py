@@ -43,6 +43,7 @@ DRIVER_NEEDS: dict[str, tuple[str, ...]] = {
 }
 # What the machine must have rather than the interpreter: never what picks the default driver.
 MACHINE_NEEDS = ("gpu", "c-compiler")
+MAX_DRIVER_RECORD = 64 << 20  # a driver's record of its round (the vllm driver's: tens of KB)
 # The file a driver's round writes beside the monitor's log, merged into the bake section.
 # The record each driver leaves beside the monitor's log, merged into the manifest's bake
 # section (vllm: model identity and path, the exact serve args, the limits vLLM resolved, the
@@ -163,9 +164,12 @@ class InProcessDriver:
         path = Path(work_dir) / name if name else None
         if path is None or not path.is_file():
             return {}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+        from cachebake.jsonio import load_document
+
+        try:  # written by the round's process: bounded and strict like any document read
+            data = load_document(path, f"the {self.name} driver's record {path}", MAX_DRIVER_RECORD,
+                                 missing=None)
+        except OSError as e:
             raise CachebakeError(f"the {self.name} driver's record {path} is unreadable: {e}") from None
         return data if isinstance(data, dict) else {}
 
