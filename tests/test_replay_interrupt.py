@@ -99,3 +99,19 @@ def test_ctrl_c_says_what_replay_left_and_no_worker_prints_a_traceback(recorded,
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
     for pid in workers:
         assert not _alive(pid), f"worker {pid} outlived the replay"
+
+
+def test_a_killed_replays_work_dir_is_removed_by_the_next_run(recorded, tmp_path):  # noqa: F811
+    """SIGKILL leaves the work dir beside --out (nothing can run then); the next replay into
+    that --out removes it (pack's clean-up: its name, its owner, no live holder of its lock)."""
+    out = tmp_path / "art"
+    proc = _replay(recorded, out)
+    _wait_for(proc, lambda: any(tmp_path.glob(".art.*/triton/*/__grp__*.json")), "a compiled entry")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    (left,) = [p.name for p in tmp_path.iterdir()]
+    assert left.startswith(".art.tmp-replay-")
+    again = _replay(recorded, out)
+    _, stderr = again.communicate(timeout=600)
+    assert again.returncode == 0, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]

@@ -35,7 +35,8 @@ from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
 from cachebake.errors import BadInput, CachebakeError, DeferredInterrupt, Interrupted, from_os_error
 from cachebake.gpu import GPUTargetSpec
 
-__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport"]
+__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport",
+           "work_dir_beside"]
 
 
 @dataclass
@@ -176,13 +177,8 @@ class _Steps:
 
 def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
            progress, outcome: _Outcome, step: _Steps) -> PackReport:
-    out.parent.mkdir(parents=True, exist_ok=True)
     cleaned = clean_leftovers(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX % out.name}", dir=out.parent))
-    # Held until the swap: the next pack into ``out`` removes this dir only if no live pack
-    # holds it (flock(2) on a directory fd: released by the kernel when we die)
-    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    tmp, lock_fd = work_dir_beside(out)
     old = None
     try:
         existing: dict[str, dict] = {}
@@ -287,6 +283,20 @@ def _fsync_tree(root: Path) -> None:
 # the exchange) and, from cachebake 0.1 or without RENAME_EXCHANGE, the old artifact set aside.
 _TMP_PREFIX = ".%s.tmp-"
 _OLD_PREFIX = ".%s.old-"
+
+
+def work_dir_beside(out: Path, kind: str = "") -> tuple[Path, int]:
+    """A fresh private dir beside ``out`` (``.OUT.tmp-[KIND-]XXXXXXXX``) for a command that
+    writes ``out``, and an fd holding its flock: the caller keeps the fd open while the dir is
+    in use and closes it after removing the dir.  A killed command's dir is then the next
+    pack's to remove (``clean_leftovers``: the name, the owner, no live holder of the lock;
+    the kernel drops a flock when its process dies, where a pid could have been reused)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX % out.name + (f"{kind}-" if kind else ""),
+                                dir=out.parent))
+    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    return tmp, lock_fd
 
 
 def clean_leftovers(out: Path) -> list[str]:

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -348,12 +347,12 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
            progress: Callable[[str], None] | None = None,
            allow_modules: Iterable[str] = ()) -> ReplayReport:
     """The whole of ``cachebake replay``: load, compile into a fresh cache, pack."""
-    from cachebake.artifact.pack import CacheRoot, pack_artifact
+    from cachebake.artifact.pack import CacheRoot, pack_artifact, work_dir_beside
 
     loaded = load_record(source)
     out_path = Path(out).absolute()
-    work = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.replay-",
-                                 dir=out_path.parent if out_path.parent.is_dir() else None))
+    # beside --out, locked while we live: what a killed replay leaves, the next pack removes
+    work, lock_fd = work_dir_beside(out_path, "replay")
     result = None
     try:
         cache = work / "triton"
@@ -398,6 +397,7 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
                           f"{out_path} is as it was") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(lock_fd)
 
 
 def serving_fingerprint(loaded: LoadedRecord, target: str, gpu_name: str | None) -> dict:
