@@ -259,6 +259,17 @@ def printable(value) -> str:
     return str(value).translate(_CONTROL)
 
 
+def shorten(text: str, limit: int, *, keep: int | None = None, mark: str = "...") -> str:
+    """``text`` as it is when it has at most ``limit`` characters, else its first ``keep``
+    (default: room for ``mark`` within ``limit``) followed by ``mark``.  The one rule for
+    cutting a value down to fit a message; what makes it safe to show is ``printable``'s (or
+    the caller's escaping)."""
+    if len(text) <= limit:
+        return text
+    keep = limit - len(mark) if keep is None else keep
+    return text[:max(keep, 0)] + mark
+
+
 def print_error(err: CachebakeError, stream: TextIO | None = None) -> None:
     """``err`` as its one line (``cachebake: error: ...``), then its detail lines indented
     (preflight's differences), on ``stream`` (default: stderr), flushed.  Plain text, no rich:

@@ -15,7 +15,6 @@ there (or from the visible GPU for a cache without kernels).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import os
 import secrets
@@ -25,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake import jsonio
+from cachebake import fsops, jsonio
 from cachebake.artifact import oci
 from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
@@ -361,23 +360,7 @@ def _swap_into_place(tmp: Path, out: Path, outcome: _Outcome, step: _Steps) -> P
     return aside
 
 
-# renameat2(2) flag (linux/fs.h).  fsops.py calls renameat2 with RENAME_NOREPLACE; pack
-# is an earlier room and cannot import it, hence this one call of its own.
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
 def _rename_exchange(a: Path, b: Path) -> bool:
     """Swap ``a`` and ``b`` atomically; False where renameat2 or RENAME_EXCHANGE is missing
     (glibc < 2.28, Linux < 3.15, a filesystem without it), an OSError for anything else."""
-    import ctypes
-
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), os.fspath(b))
+    return fsops.renameat2(a, b, fsops.RENAME_EXCHANGE)

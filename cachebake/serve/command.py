@@ -23,6 +23,7 @@ from typing import Any
 
 from cachebake import roles as roles_mod
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
+from cachebake.errors import shorten
 from cachebake.vllm.serveargs import (BAKE_ONLY, IDENTITY_KEY, identity_serve_env, model_reference,
                                  serve_args_to_flags)
 
@@ -277,8 +278,7 @@ def serve_command(manifest: dict[str, Any], root: str | None = None,
 
 def _shown(text: object, limit: int = 200) -> str:
     """A value from a manifest, fit for one line of a note (``one_line``), and short."""
-    s = one_line(text)
-    return s if len(s) <= limit else s[:limit] + "..."
+    return shorten(one_line(text), limit, keep=limit)
 
 
 def identity_notes(bake: dict[str, Any], model: str, env: dict[str, str]) -> list[str]:
