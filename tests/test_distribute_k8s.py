@@ -429,7 +429,7 @@ def test_podman_plays_the_init_pod_as_written_and_the_server_starts_with_no_comp
     """The Pod exactly as `cachebake k8s` writes it (README's command: the recipe's `vllm serve`,
     the model from a claim, the bake's sizes from --bake), played by podman: the installer pulls
     the bake from the registry, checked against the serving image's fingerprint; the server's
-    `vllm serve` is the stand-in (tests/standin_vllm.py), which finds the model at its path and
+    `vllm serve` is the stand-in (tests/kit/standin_vllm.py), which finds the model at its path and
     verifies the cache there with 0 compiles.  Only podman's own flags differ from kubectl's:
     the network (the registry is on this namespace's loopback) and plain-HTTP pulls; and two
     podman 4.3 limits: the miss-log sidecar plays as a regular container (no native sidecars),
