@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.errors import BadInput, InvalidDocument
+from cachebake.errors import shorten
 from cachebake.gpu import resolve_target
 from cachebake.roles import ROLE_ENV
 
@@ -147,8 +148,7 @@ class Mismatch:
 
 def _short(value: object) -> str:
     text = value if isinstance(value, str) else jsonio.dumps(value, sort_keys=True)
-    text = " ".join(str(text).split())
-    return text if len(text) <= 90 else text[:87] + "..."
+    return shorten(" ".join(str(text).split()), 90)
 
 
 def _dist_version(name: str) -> str | None:

@@ -15,7 +15,6 @@ there (or from the visible GPU for a cache without kernels).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import os
 import secrets
@@ -25,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake import jsonio
+from cachebake import fsops, jsonio
 from cachebake.artifact import oci
 from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
@@ -35,7 +34,8 @@ from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
 from cachebake.errors import BadInput, CachebakeError, DeferredInterrupt, Interrupted, from_os_error
 from cachebake.gpu import GPUTargetSpec
 
-__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport"]
+__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport",
+           "work_dir_beside"]
 
 
 @dataclass
@@ -176,13 +176,8 @@ class _Steps:
 
 def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
            progress, outcome: _Outcome, step: _Steps) -> PackReport:
-    out.parent.mkdir(parents=True, exist_ok=True)
     cleaned = clean_leftovers(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX % out.name}", dir=out.parent))
-    # Held until the swap: the next pack into ``out`` removes this dir only if no live pack
-    # holds it (flock(2) on a directory fd: released by the kernel when we die)
-    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    tmp, lock_fd = work_dir_beside(out)
     old = None
     try:
         existing: dict[str, dict] = {}
@@ -289,6 +284,20 @@ _TMP_PREFIX = ".%s.tmp-"
 _OLD_PREFIX = ".%s.old-"
 
 
+def work_dir_beside(out: Path, kind: str = "") -> tuple[Path, int]:
+    """A fresh private dir beside ``out`` (``.OUT.tmp-[KIND-]XXXXXXXX``) for a command that
+    writes ``out``, and an fd holding its flock: the caller keeps the fd open while the dir is
+    in use and closes it after removing the dir.  A killed command's dir is then the next
+    pack's to remove (``clean_leftovers``: the name, the owner, no live holder of the lock;
+    the kernel drops a flock when its process dies, where a pid could have been reused)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX % out.name + (f"{kind}-" if kind else ""),
+                                dir=out.parent))
+    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    return tmp, lock_fd
+
+
 def clean_leftovers(out: Path) -> list[str]:
     """Remove what killed packs into ``out`` left beside it; returns their names.  A temp dir
     is ours to remove once no live pack holds its flock; an old artifact set aside by a pack
@@ -351,23 +360,7 @@ def _swap_into_place(tmp: Path, out: Path, outcome: _Outcome, step: _Steps) -> P
     return aside
 
 
-# renameat2(2) flag (linux/fs.h).  fsops.py calls renameat2 with RENAME_NOREPLACE; pack
-# is an earlier room and cannot import it, hence this one call of its own.
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
 def _rename_exchange(a: Path, b: Path) -> bool:
     """Swap ``a`` and ``b`` atomically; False where renameat2 or RENAME_EXCHANGE is missing
     (glibc < 2.28, Linux < 3.15, a filesystem without it), an OSError for anything else."""
-    import ctypes
-
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), os.fspath(b))
+    return fsops.renameat2(a, b, fsops.RENAME_EXCHANGE)

@@ -101,7 +101,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     left empty) is what the next install's tree check repairs, and the sync is ~30 ms of an
     install on a fast disk, more on a node whose other tenants left writeback pending.
     ``checkpoint``: called with the name of each step of the extraction and the switch (the
-    crash tests kill the process at the n-th call: tests/installkit.py).
+    crash tests kill the process at the n-th call: tests/kit/installkit.py).
     ``signature``: the verified digest and key (distribute.sign's record), for install.json;
     an install whose marker records another one is not "already installed"."""
     dest = atomic.InstallDir(to, sync=sync, checkpoint=checkpoint)
