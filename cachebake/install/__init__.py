@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from cachebake.artifact.reader import open_source
 from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
-from cachebake.install.inventory import InstallMarker
+from cachebake.install.inventory import InstallMarker, warmup_of
 from cachebake.roles import ROLE_ENV, serving_env
 from cachebake.roles import serving_overlay_env as runtime_env
 from cachebake.vllm.serveargs import identity_serve_env
@@ -234,7 +234,8 @@ def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **o
             serve_at=plan.serve_root, artifact=report.artifact,
             installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             groups_relocated=report.groups_relocated, relocated=report.relocated,
-            left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory))
+            left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory,
+            warmup=warmup_of(plan.bake.manifest.bake)))
     report.cleaned = tx.cleaned
     return plan.done(report.status, dest, version)
 
