@@ -26,7 +26,7 @@ DOCUMENTED = {int(c) for c in ExitCode}
 
 
 def _readme_codes() -> set[int]:
-    text = (REPO / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "exit-codes.md").read_text().split("# Exit codes", 1)[1]
     return {int(line.split("|")[1]) for line in text.splitlines()
             if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
 

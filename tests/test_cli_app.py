@@ -1,5 +1,6 @@
-"""The command line as README documents it: README's Commands table lists every command and
-every option of every click command, and nothing the CLI lacks; `cachebake --help` shows each
+"""The command line as docs/concepts.md summarizes it: its table of the commands at a glance
+lists every command and every option of every click command, and nothing the CLI lacks (the
+full reference, docs/commands.md, is generated from --help: tests/test_docs.py); `cachebake --help` shows each
 command's summary whole (click cuts a first sentence that does not fit to "...")."""
 
 import re
@@ -10,13 +11,13 @@ from installkit import REPO
 
 from cachebake.cli import main
 
-README = (REPO / "README.md").read_text()
+README = (REPO / "docs" / "concepts.md").read_text()  # the commands at a glance
 _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def _usages() -> list[str]:
     """The `cachebake ...` code spans of the first cells of README's Commands table."""
-    section = README.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    section = README.split("\n## The commands at a glance\n", 1)[1].split("\n## ", 1)[0]
     spans = []
     for row in section.splitlines():
         if row.startswith("| `cachebake "):
