@@ -27,7 +27,7 @@ def test_the_command_reference_is_generated_from_the_cli():
     from cachebake.cli.reference import reference
 
     assert (DOCS / "commands.md").read_text() == reference(), \
-        "docs/commands.md is stale: python3 -m cachebake.cli.reference > docs/commands.md"
+        "docs/commands.md is stale: python3 -m cachebake.cli.reference docs/commands.md"
 
 
 def test_each_block_of_the_reference_is_what_help_prints():

@@ -3,7 +3,7 @@ exactly as ``COLUMNS=80 cachebake COMMAND --help`` prints it, so the reference c
 from the CLI (tests/test_docs.py holds the file equal to this module's output, and each block
 equal to a real ``--help``).
 
-    python3 -m cachebake.cli.reference > docs/commands.md
+    python3 -m cachebake.cli.reference docs/commands.md
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ HEADER = """\
 
 # Command reference
 
-Generated from the command line itself (`python3 -m cachebake.cli.reference > docs/commands.md`;
+Generated from the command line itself (`python3 -m cachebake.cli.reference docs/commands.md`;
 tests/test_docs.py keeps this file equal to every command's `--help`). A summary of all commands
 in one table: [concepts](concepts.md#the-commands-at-a-glance); exit codes:
 [exit codes](exit-codes.md).
@@ -60,4 +60,9 @@ def reference() -> str:
 
 
 if __name__ == "__main__":
-    print(reference(), end="")
+    import sys
+    from pathlib import Path
+
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python3 -m cachebake.cli.reference docs/commands.md")
+    Path(sys.argv[1]).write_text(reference())
