@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib.util
 import fcntl
+import importlib.util
 import os
 import secrets
 import shutil
@@ -37,7 +37,8 @@ from cachebake.errors import (BadInput, CachebakeError, DeferredInterrupt, Inter
                               from_os_error)
 from cachebake.gpu import GPUTargetSpec
 
-__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "check_triton", "PackReport"]
+__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "check_triton",
+           "PackReport"]
 
 
 @dataclass

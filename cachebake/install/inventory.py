@@ -122,8 +122,9 @@ def warmup_of(bake) -> dict:
         out["serve_args"] = dict(bake.serve_args)
     if bake.driver == "vllm":  # the reference the bake served from: in torch.compile's key
         path = bake.model.get("path") if isinstance(bake.model, Mapping) else None
-        if isinstance(path, str) and path or bake.model_dir:
-            out["model_dir"] = path if isinstance(path, str) and path else bake.model_dir
+        model_dir = path if isinstance(path, str) and path else bake.model_dir
+        if model_dir:
+            out["model_dir"] = model_dir
     return out
 
 
