@@ -192,3 +192,26 @@ def test_a_forged_warmup_in_install_json_is_refused_by_name(warmup, field):
     with pytest.raises(InvalidDocument) as e:
         InstallMarker.from_json(doc)
     assert e.value.field == field
+
+
+def test_the_real_h200_bakes_warmup_resolves_to_the_serve_args_it_ran_with(tmp_path):
+    """tests/data's --driver vllm bake (README's first command on the H200): what install
+    records for verify, resolved as the vllm driver resolves it, is the bake's own serve args
+    and model path, byte for byte (both enter torch.compile's key)."""
+    import tarfile
+
+    from cachebake.artifact.reader import open_source
+    from cachebake.install.inventory import warmup_of
+    from cachebake.vllm.serveargs import resolve
+
+    with tarfile.open(Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar") as tar:
+        for m in tar.getmembers():  # Debian 12's tarfile has no filter=; the archive is ours
+            assert not m.name.startswith("/") and ".." not in m.name.split("/")
+        tar.extractall(tmp_path)
+    bake = open_source(str(tmp_path / "cachebake-nemotron-h")).select("cuda:90").manifest.bake
+    warmup = warmup_of(bake)
+    assert warmup == {"driver": "vllm", "model": "nemotron-h:8b", "serve_args": dict(bake.serve_args),
+                      "model_dir": "/models/nemotron-h-8b"}
+    recipe, args, model_dir = resolve(warmup["model"], serve_args=warmup["serve_args"],
+                                      model_dir=warmup["model_dir"])
+    assert args == dict(bake.serve_args) and model_dir == bake.model["path"]
