@@ -79,8 +79,12 @@ cleanup() {
   stop_pid "$WORK/registry.pid"
   stop_pid "$WORK/docker.pid"  # dockerd stops the containerd it started
   ip netns del "$NS" 2>/dev/null
-  rm -rf "$WORK"
-  say "stopped dockerd, the registry and podman's pods; removed $WORK"
+  # a mount still busy under WORK makes rm fail: say so rather than claim it is gone
+  if rm -rf "$WORK" 2>/dev/null && [ ! -e "$WORK" ]; then
+    say "stopped dockerd, the registry and podman's pods; removed $WORK"
+  else
+    say "stopped dockerd, the registry and podman's pods; could not remove $WORK (a mount under it is still busy: $(findmnt -rno TARGET | grep -F "$WORK" | head -3 | tr '\n' ' '))"
+  fi
 }
 trap cleanup EXIT
 

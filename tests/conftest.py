@@ -56,12 +56,22 @@ def tool(name: str) -> str:
     """A real OCI tool; CI installs them (.ci/run).  CACHEBAKE_UMOCI points at a umoci that
     reads zstd layers (Debian bookworm's 0.4.7 does not)."""
     path = os.environ.get(f"CACHEBAKE_{name.upper()}")
-    if not path and name == "umoci" and os.path.exists("/opt/umoci-sid/usr/bin/umoci"):
-        path = "/opt/umoci-sid/usr/bin/umoci"  # where .ci/run puts it
+    if not path and name == "umoci" and os.path.exists(CI_UMOCI):
+        path = CI_UMOCI  # where .ci/run put it: the fast lane after .ci/run finds it too
     path = path or shutil.which(name)
     if not path:
         pytest.fail(f"{name} is not installed: run .ci/run or install it (see README)")
+    if name == "umoci":
+        version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.split()
+        if version[-1:] and version[-1].startswith("0.4."):
+            pytest.fail(f"{path} is umoci {version[-1]}, which cannot read zstd layers: run .ci/run "
+                        f"(it puts a newer one at {CI_UMOCI}) or set CACHEBAKE_UMOCI")
     return path
+
+
+# .ci/run: CI_DIR=${CACHEBAKE_CI_DIR:-/opt/cachebake-ci}, umoci from Debian sid under
+# $CI_DIR/umoci-sid (.ci/newer-umoci.sh); tests/test_readme.py holds the two equal.
+CI_UMOCI = os.path.join(os.environ.get("CACHEBAKE_CI_DIR") or "/opt/cachebake-ci", "umoci-sid/usr/bin/umoci")
 
 
 NOBODY = 65534

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import importlib.util
 import os
 import secrets
 import shutil
@@ -31,16 +32,19 @@ from cachebake.artifact.layer import COMPRESSION, LayerWriter
 from cachebake.artifact.manifest import BakeManifest, BakeRecord, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
-from cachebake.errors import BadInput, CachebakeError, DeferredInterrupt, Interrupted, from_os_error
+from cachebake.errors import (BadInput, CachebakeError, DeferredInterrupt, Interrupted, Unsupported,
+                              from_os_error)
 from cachebake.gpu import GPUTargetSpec
 
-__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport",
-           "work_dir_beside"]
+__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "check_triton",
+           "PackReport", "work_dir_beside"]
 
 
 @dataclass
 class PackReport:
-    status: str  # "created" (a new artifact), "added" (a target to one), "replaced"
+    # "created" (a new artifact), "added" (a target to one), "replaced" (this target's bake, by
+    # another image), "unchanged" (packed again to the same image digest)
+    status: str
     out: Path
     target: str
     manifest: BakeManifest
@@ -63,6 +67,22 @@ class PackReport:
         if self.cleaned:
             d["cleaned"] = list(self.cleaned)
         return d
+
+
+def _no_triton() -> Unsupported:
+    return Unsupported(
+        "Triton is not installed in this interpreter, so pack cannot record the Triton build the "
+        "cache was compiled with (the artifact's fingerprint): every install that has Triton would "
+        "refuse it (exit 4)", hint="install the `triton` extra, the Triton the kernels were compiled "
+        "with: python3 -m pip install '.[triton]' (or 'cachebake[triton]')")
+
+
+def check_triton() -> None:
+    """Refuse (exit 7, naming the ``triton`` extra) where Triton cannot be imported: pack
+    takes the fingerprint's Triton version and key from this interpreter, and a fingerprint
+    without them is one no serving environment matches.  ``build`` calls it before round 1."""
+    if importlib.util.find_spec("triton") is None:
+        raise _no_triton()
 
 
 def check_writable(path: Path, option: str, shown: Path | None = None) -> None:
@@ -154,6 +174,8 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
         # Fingerprint before writing: a target Triton cannot serve fails before any work.
         fp = current_fingerprint(_pick_target(target, inventory), bake_paths=snap.roots)
         fp = dataclasses.replace(fp, **dict(fingerprint_from or {}))
+        if not fp.triton_key:
+            raise _no_triton()
         # From here Ctrl-C is taken between files and steps, where _Outcome knows what was
         # left (errors.DeferredInterrupt: never swallowed in a finalizer)
         with DeferredInterrupt() as interrupts:
@@ -239,6 +261,8 @@ def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     step("old-removed")
+    if status == "replaced" and replaced == desc["digest"]:
+        status, replaced = "unchanged", None  # the same bytes again: nothing was replaced
     return PackReport(status, out, fp.target, manifest, desc["digest"], sorted(existing), replaced,
                       cleaned=cleaned)
 

@@ -103,6 +103,17 @@ def installed_roles(cache: os.PathLike | str) -> list[str]:
     return found
 
 
+def installed_warmup(cache: os.PathLike | str) -> dict:
+    """The warmup of the bake installed at ``cache`` (install.json's ``warmup``: driver, model,
+    tp, serve_args, model_dir), which `verify` runs when given neither --model nor a command;
+    {} where the install recorded none (a command bake, a bake root, an older install)."""
+    cache = os.path.abspath(os.fspath(cache))
+    if not os.path.isdir(cache):
+        return {}
+    marker = InstallDir(cache).installed()
+    return dict(marker.warmup) if marker else {}
+
+
 def verify(driver: Driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | None = None,
            progress: RoundProgress | None = None) -> VerifyReport:
     """Run one round of ``driver`` against ``cache``.  Every check (the cache, the driver's
