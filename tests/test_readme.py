@@ -78,7 +78,9 @@ def test_readme_is_at_most_12_kb_and_links_the_manual_in_docs():
     assert len(README.encode()) <= 12 * 1024, len(README.encode())
     for page in ("docs/README.md", "docs/commands.md", "docs/exit-codes.md", "docs/trust-model.md",
                  "docs/dockerfile.md", "docs/init-container.md", "docs/image-volume.md",
-                 "docs/not-run.md", "docs/testing.md", "bench/README.md"):
+                 "docs/not-run.md", "docs/testing.md", "bench/README.md", "docs/trust.md",
+                 "docs/kubernetes.md", "docs/server-environment.md", "docs/delivery-on-gpu.md",
+                 "docs/fleet.md", "docs/vllm-versions.md", "docs/hardening.md"):
         assert (REPO / page).is_file() and f"]({page})" in README, page
 
 
