@@ -206,7 +206,7 @@ def test_a_hub_id_gets_the_hugging_face_cache_layout(tmp_path):
 def kit(*args, env: dict | None = None, home: str = "/tmp") -> object:
     run_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "VLLM_"))}
     repo = Path(__file__).resolve().parent.parent
-    run_env.update(PYTHONPATH=f"{repo}:{repo / 'tests'}", HF_HUB_OFFLINE="1", HOME=home, **(env or {}))
+    run_env.update(PYTHONPATH=f"{repo}:{repo / 'tests' / 'kit'}", HF_HUB_OFFLINE="1", HOME=home, **(env or {}))
     r = subprocess.run([VLLM_PYTHON, str(KIT), *map(str, args)], capture_output=True, text=True,
                        env=run_env, timeout=900, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
