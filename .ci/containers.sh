@@ -12,7 +12,7 @@
 # Base images come from Debian's archive (debootstrap), not from Docker Hub: a minimal Debian
 # with python3, pip and skopeo plus cachebake's wheels from this checkout (pip reads them from
 # /opt/wheels: PIP_FIND_LINKS, PIP_NO_INDEX), and a stand-in serving image that adds Triton and
-# the AOT warmup (tests/aot_kernels.py): real sm_90 kernels compiled without a GPU.
+# the AOT warmup (tests/kit/aot_kernels.py): real sm_90 kernels compiled without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -79,8 +79,12 @@ cleanup() {
   stop_pid "$WORK/registry.pid"
   stop_pid "$WORK/docker.pid"  # dockerd stops the containerd it started
   ip netns del "$NS" 2>/dev/null
-  rm -rf "$WORK"
-  say "stopped dockerd, the registry and podman's pods; removed $WORK"
+  # a mount still busy under WORK makes rm fail: say so rather than claim it is gone
+  if rm -rf "$WORK" 2>/dev/null && [ ! -e "$WORK" ]; then
+    say "stopped dockerd, the registry and podman's pods; removed $WORK"
+  else
+    say "stopped dockerd, the registry and podman's pods; could not remove $WORK (a mount under it is still busy: $(findmnt -rno TARGET | grep -F "$WORK" | head -3 | tr '\n' ' '))"
+  fi
 }
 trap cleanup EXIT
 
@@ -133,7 +137,7 @@ tar -C "$ROOTFS" -c . | $DOCKER import \
 rm -rf "$ROOTFS"
 
 # The stand-in serving image: base + Triton + the AOT warmup (a vLLM image in real use).
-cp tests/aot_kernels.py "$WORK/serving/"
+cp tests/kit/aot_kernels.py "$WORK/serving/"
 cat >"$WORK/serving/Dockerfile" <<'EOF'
 FROM cachebake-ci/base:test
 RUN --mount=type=bind,source=.,target=/w python3 -m pip install -q --no-cache-dir /w/triton-*.whl

@@ -60,6 +60,15 @@ echo "readme-block-1: exit $?"' >"$LOG-readme.log" 2>&1 || true
 grep -a "readme-block-1:" "$LOG-readme.log"
 tail -n 3 "$LOG-readme.log"
 
+# README "Quick start on a CPU", in the first block's venv, each line as written (taken from
+# README itself), with the exit code it gave: README says 0 for each, 8 for the one marked so
+awk '/^## Quick start on a CPU/{f=1} f&&/^```sh/{b=1;next} b&&/^```/{exit} b&&NF{print}' "$ROOT/root/cachebake/README.md" \
+  >"$ROOT/root/quickstart.lines"
+in_root /bin/bash -c 'cd /root/cachebake && . .venv/bin/activate
+while IFS= read -r line; do bash -c "$line" </dev/null; echo "quickstart: exit $? <- $line"; done </root/quickstart.lines' \
+  >"$LOG-quickstart.log" 2>&1 || true
+grep -a "^quickstart:" "$LOG-quickstart.log"
+
 # README's test command, in a fresh copy of the checkout (the first block's venv left aside)
 rm -rf "$ROOT/root/cachebake-ci" && mkdir -p "$ROOT/root/cachebake-ci"
 git -C "$REPO" archive "$COMMIT" | tar -x -C "$ROOT/root/cachebake-ci"

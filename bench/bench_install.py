@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "kit"), str(REPO / "bench")]
 
 NOTES = """Reading it: install reads the layer once (cachebake/install/extract.py): a helper thread
 decompresses, the main thread parses and checks each tar header and makes the directories, and

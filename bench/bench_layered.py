@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "kit"), str(REPO / "bench")]
 
 WORK = Path("/tmp/serve-bench")  # scratch, named after the branch
 
@@ -68,7 +68,7 @@ def prepare(cache_src: Path) -> tuple[Path, list[tuple[str, str, str]]]:
         grp.write_bytes(relocated_group(grp.read_bytes(), str(grp.parent)))
     for n in range(8):  # autotune results, read with get_file as the autotuner does
         path = aot.write_autotune_result(installed, tuning_key=(1024 * (n + 1), "torch.float16"))
-        # tests/aot.py names the dir by the hex key; Triton 3.6's autotuner goes through
+        # tests/kit/aot.py names the dir by the hex key; Triton 3.6's autotuner goes through
         # get_cache_manager, which names it base32 of that key: put it where Triton reads it.
         path.parent.rename(installed / _base32(path.parent.name))
     calls = []

@@ -4,7 +4,7 @@ the JIT's keys for sm_90, sm_100 and sm_120.
 
 Needs a Python with triton 3.6 and torch (vLLM's ops import it; a CPU build is enough: the
 kernels are never launched) and the ops extract from bench/vllm_ops/make_vllm_ops.py.  The JIT
-runs with tests/jit_launch.py's stand-in driver (no GPU); vLLM's Python wrappers run for real
+runs with tests/kit/jit_launch.py's stand-in driver (no GPU); vLLM's Python wrappers run for real
 on CPU tensors and launch through Triton's JIT, which specializes, keys and compiles.
 
     python bench/replay_vllm_ops_cpu.py OPS_DIR WORK_DIR
@@ -54,7 +54,7 @@ def launches() -> None:
 
 
 def run(ops: str, arch: int, cache: Path, **env) -> list[tuple[str, bool]]:
-    path = os.pathsep.join([ops, str(REPO), str(REPO / "tests")])
+    path = os.pathsep.join([ops, str(REPO), str(REPO / "tests" / "kit")])
     out = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": path, "ARCH": str(arch), "TRITON_CACHE_DIR": str(cache),
                               **{k: str(v) for k, v in env.items()}})
@@ -62,7 +62,7 @@ def run(ops: str, arch: int, cache: Path, **env) -> list[tuple[str, bool]]:
 
 
 def main(ops: str, work: Path) -> None:
-    sys.path[:0] = [ops, str(REPO), str(REPO / "tests")]
+    sys.path[:0] = [ops, str(REPO), str(REPO / "tests" / "kit")]
     from cachebake.capture.recorder import load_record_log
     from cachebake.replay.engine import compile_record
 

@@ -197,6 +197,21 @@ class Interrupted(CachebakeError):
         self.state = state
 
 
+def _sigterm_as_interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``docker stop``, the kubelet ending an init container) handled as
+    Ctrl-C: a KeyboardInterrupt in the main thread, so every command's Ctrl-C path runs for it
+    too: it removes what it made, says what it left, exits 130.  Killed by the default action
+    instead, a pack or an install would leave its temp dirs behind.  An ignored SIGTERM stays
+    ignored; other threads do nothing."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
 class DeferredInterrupt:
     """Ctrl-C taken at step boundaries only, for the steps that write what a user keeps (an
     install's switch, pack's swap of --out).
@@ -205,19 +220,22 @@ class DeferredInterrupt:
     raised inside a ``__del__`` or a generator's close is printed as "Exception ignored in ...
     KeyboardInterrupt" and dropped: the interrupted command then carries on and reports
     success.  While this is active (``with``, on the main thread; elsewhere it does nothing),
-    SIGINT only records itself; ``check()`` raises KeyboardInterrupt where the caller can say
+    SIGINT (and SIGTERM, see ``stop_on_sigterm``) only records itself; ``check()`` raises KeyboardInterrupt where the caller can say
     what it left.  One still pending when the block ends without an error is raised then: the
     command finished its work, and its Ctrl-C line says so rather than the work being silently
     done after the user asked to stop."""
 
     def __init__(self):
         self.pending = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "DeferredInterrupt":
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._record)
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM too, where ``stop_on_sigterm`` made it a Ctrl-C
+            for signum, ours in ((signal.SIGINT, signal.default_int_handler),
+                                 (signal.SIGTERM, _sigterm_as_interrupt)):
+                if signal.getsignal(signum) is ours:
+                    self._previous[signum] = signal.signal(signum, self._record)
         return self
 
     def _record(self, _signum, _frame) -> None:
@@ -230,9 +248,9 @@ class DeferredInterrupt:
             raise KeyboardInterrupt
 
     def __exit__(self, exc_type, *_exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
         if exc_type is None:
             self.check()
 
@@ -261,6 +279,17 @@ def printable(value) -> str:
     """``value`` as text a terminal only shows: every control character replaced by U+FFFD.
     The text views' ``cli.render.safe`` adds rich markup escaping on top."""
     return str(value).translate(_CONTROL)
+
+
+def shorten(text: str, limit: int, *, keep: int | None = None, mark: str = "...") -> str:
+    """``text`` as it is when it has at most ``limit`` characters, else its first ``keep``
+    (default: room for ``mark`` within ``limit``) followed by ``mark``.  The one rule for
+    cutting a value down to fit a message; what makes it safe to show is ``printable``'s (or
+    the caller's escaping)."""
+    if len(text) <= limit:
+        return text
+    keep = limit - len(mark) if keep is None else keep
+    return text[:max(keep, 0)] + mark
 
 
 def print_error(err: CachebakeError, stream: TextIO | None = None) -> None:

@@ -12,7 +12,9 @@ import stat
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _libc = None
+# renameat2(2) flags (linux/fs.h) and the dir fd that means "relative to the cwd"
 RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
 
@@ -25,20 +27,50 @@ def _c() -> ctypes.CDLL:
     return _libc
 
 
+def renameat2(src: os.PathLike | str, dst: os.PathLike | str, flags: int, *, src_dir_fd: int = AT_FDCWD,
+              dst_dir_fd: int = AT_FDCWD) -> bool:
+    """renameat2(2) through libc: True when done; False where libc, the kernel or the
+    filesystem lacks it or ``flags`` (glibc < 2.28, Linux < 3.15: ENOSYS, EINVAL, EOPNOTSUPP);
+    an OSError naming ``dst`` for anything else.  The one call of it (install's no-replace
+    rename, pack's exchange of --out)."""
+    fn = getattr(_c(), "renameat2", None)
+    if fn is None:
+        return False
+    if fn(src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(dst))
+
+
 def rename_noreplace(src: str, dst: str, src_dir_fd: int, dst_dir_fd: int) -> None:
     """rename(2) that fails with EEXIST instead of replacing ``dst``: renameat2's
     RENAME_NOREPLACE where libc and the kernel have it (glibc >= 2.28, Linux >= 3.15 on local
     filesystems), else a check that ``dst`` is absent followed by rename(2), under our lock."""
-    fn = getattr(_c(), "renameat2", None)
-    if fn is not None:
-        if fn(src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), RENAME_NOREPLACE) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EINVAL):
-            raise OSError(err, os.strerror(err), dst)
+    if renameat2(src, dst, RENAME_NOREPLACE, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd):
+        return
     if lexists(dst, dst_dir_fd):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
     os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
+def read_at_most(fd: int, limit: int) -> bytes:
+    """What ``fd`` holds from its offset, up to end of file and never more than ``limit``
+    bytes, whatever the file does meanwhile (it may grow or shrink while it is read).  One
+    read(2) in the common case of a regular file no larger than ``limit``.  The one bounded
+    read: a caller that must know the file was larger asks for ``cap + 1``."""
+    data = os.read(fd, limit)
+    if not data or len(data) >= limit:
+        return data
+    chunks, total = [data], len(data)
+    while total < limit:
+        chunk = os.read(fd, min(limit - total, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -25,7 +25,7 @@ import tempfile
 from typing import Any
 
 from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, from_os_error
-from cachebake.fsops import write_all
+from cachebake.fsops import read_at_most, write_all
 
 MAX_NESTING = 32
 
@@ -41,16 +41,10 @@ def read_document(path: os.PathLike | str, document: str, cap: int, *, dir_fd: i
         size = os.fstat(fd).st_size
         if size > cap:
             raise InvalidDocument(document, "", f"is {size} bytes, over the {cap} this reader accepts")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(cap + 1 - total, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > cap:  # grew while we read it
-                raise InvalidDocument(document, "", f"is over the {cap} bytes this reader accepts")
-        return b"".join(chunks)
+        data = read_at_most(fd, cap + 1)
+        if len(data) > cap:  # grew while we read it
+            raise InvalidDocument(document, "", f"is over the {cap} bytes this reader accepts")
+        return data
     finally:
         os.close(fd)
 

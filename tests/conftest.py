@@ -1,4 +1,9 @@
-"""Shared fixtures: real Triton caches built by ahead-of-time compiles (tests/aot.py)."""
+"""Shared fixtures: real Triton caches built by ahead-of-time compiles (tests/kit/aot.py).
+
+The helper modules live in tests/kit/ and are imported by their plain names (``import
+installkit``): that directory goes first on sys.path here.  Triton is imported only by the
+fixtures and tests that compile (``aot`` inside ``_built_cache``), so a test that needs no
+Triton (tests/test_layers.py) runs in an interpreter without it."""
 
 from __future__ import annotations
 
@@ -11,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "kit"))
 
-import servekit  # noqa: E402
+import servekit  # noqa: E402  (no Triton: it names where the kernels are)
 
 # Every process imports the test kernels from one place (servekit.kernels_dir), this one too.
 sys.path.insert(0, str(servekit.kernels_dir()))
-
-import aot  # noqa: E402
 
 # The Ctrl-C tests send SIGINT to the cachebake processes they start.  A shell without job
 # control starts a background command (`.ci/run ... &`, nohup) with SIGINT ignored (POSIX), an
@@ -31,6 +34,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 @pytest.fixture(scope="session")
 def _built_cache(tmp_path_factory) -> Path:
+    import aot  # Triton: only where a cache is compiled
+
     root = tmp_path_factory.mktemp("aot") / "triton"
     events = aot.compile_in_subprocess(root)
     assert [e["cache_hit"] for e in events] == [False] * len(aot.SPECS)
@@ -51,12 +56,22 @@ def tool(name: str) -> str:
     """A real OCI tool; CI installs them (.ci/run).  CACHEBAKE_UMOCI points at a umoci that
     reads zstd layers (Debian bookworm's 0.4.7 does not)."""
     path = os.environ.get(f"CACHEBAKE_{name.upper()}")
-    if not path and name == "umoci" and os.path.exists("/opt/umoci-sid/usr/bin/umoci"):
-        path = "/opt/umoci-sid/usr/bin/umoci"  # where .ci/run puts it
+    if not path and name == "umoci" and os.path.exists(CI_UMOCI):
+        path = CI_UMOCI  # where .ci/run put it: the fast lane after .ci/run finds it too
     path = path or shutil.which(name)
     if not path:
         pytest.fail(f"{name} is not installed: run .ci/run or install it (see README)")
+    if name == "umoci":
+        version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.split()
+        if version[-1:] and version[-1].startswith("0.4."):
+            pytest.fail(f"{path} is umoci {version[-1]}, which cannot read zstd layers: run .ci/run "
+                        f"(it puts a newer one at {CI_UMOCI}) or set CACHEBAKE_UMOCI")
     return path
+
+
+# .ci/run: CI_DIR=${CACHEBAKE_CI_DIR:-/opt/cachebake-ci}, umoci from Debian sid under
+# $CI_DIR/umoci-sid (.ci/newer-umoci.sh); tests/test_readme.py holds the two equal.
+CI_UMOCI = os.path.join(os.environ.get("CACHEBAKE_CI_DIR") or "/opt/cachebake-ci", "umoci-sid/usr/bin/umoci")
 
 
 NOBODY = 65534

@@ -27,6 +27,24 @@ def test_each_difference_is_one_line_with_its_consequence():
     assert [m.field for m in compare_fingerprints(named, other)] == ["triton_key", "env", "gpu_name"]
 
 
+def test_a_long_value_is_cut_where_the_two_differ_not_at_their_shared_prefix():
+    # triton_key is the version, then hashes; two builds of one version share a long prefix
+    baked = current_fingerprint("sm_90")
+    key = baked.triton_key
+    assert key and len(key) > 200
+    changed = key[:150] + ("0" if key[150] != "0" else "1") + key[151:]
+    other = Fingerprint.from_json({**baked.to_json(), "triton_key": changed})
+    line = str(compare_fingerprints(baked, other)[0])
+    before, after = line.split(", here ")
+    shown_baked, shown_here = before.split("baked ", 1)[1], after.split(" -> ", 1)[0]
+    assert shown_baked != shown_here  # the difference is on the line
+    assert shown_baked.startswith("...") and key[130:151] in shown_baked and changed[130:151] in shown_here
+    assert len(shown_baked) <= 90 and len(shown_here) <= 90 and "\n" not in line
+    # short values stay whole
+    short = Fingerprint.from_json({**baked.to_json(), "triton_key": "3.5.1-abc"})
+    assert "here 3.5.1-abc -> " in str(compare_fingerprints(baked, short)[0])
+
+
 def test_unknown_fields_from_a_newer_cachebake_are_ignored():
     fp = Fingerprint.from_json({"target": "cuda:90", "future_field": 1})
     assert fp.target == "cuda:90"

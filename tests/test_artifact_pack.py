@@ -300,9 +300,32 @@ def test_cli_says_created_added_replaced(triton_cache, tmp_path):
     assert again["status"] == "replaced" and again["replaced_manifest_digest"] == first
     assert again["targets"] == ["cuda:120", "cuda:90"] and again["manifest_digest"] != first
     assert again["layer_digest"] == again["manifest"]["layer"]["digest"]
+    (next(triton_cache.rglob("*.ttir"))).write_text("changed again")
     text = pack(triton_cache, "sm_90").stdout
     assert text.startswith(f"replaced the cuda:90 bake in {out}")
     assert f"replaced image {again['manifest_digest']}" in text
+    # the same cache packed again is the same image: nothing was replaced, and pack says so
+    latest = open_artifact(out).select("sm_90").manifest_digest
+    same = json.loads(pack(triton_cache, "sm_90", "--json").stdout)
+    assert same["status"] == "unchanged" and same["manifest_digest"] == latest
+    assert "replaced_manifest_digest" not in same
+    text = pack(triton_cache, "sm_90").stdout
+    assert text.startswith(f"the cuda:90 bake in {out} (targets: cuda:120, cuda:90) is unchanged")
+    assert "replaced" not in text
+
+
+def test_pack_without_triton_refuses_rather_than_record_an_empty_fingerprint(triton_cache, tmp_path,
+                                                                             monkeypatch):
+    # A venv without the `triton` extra: the fingerprint would carry no Triton version or key,
+    # and every install that has Triton would then refuse the artifact (exit 4).
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` fails, as it does there
+    out = tmp_path / "art"
+    r = CliRunner().invoke(main, ["pack", str(triton_cache), "--out", str(out), "--target", "sm_90"])
+    assert r.exit_code == ExitCode.UNSUPPORTED, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cachebake: error: Triton is not installed"), r.stderr
+    assert "the `triton` extra" in lines[0] and "exit 4" in lines[0]
+    assert not out.exists()
 
 
 def test_pack_progress_is_drawn_on_a_terminal_only(triton_cache, tmp_path, monkeypatch):

@@ -98,7 +98,7 @@ def test_out_defaults_to_a_named_directory_here(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- checks before round 1
 
 @pytest.mark.parametrize("case", ["out_in_the_way", "out_unwritable", "root_not_clean", "no_target",
-                                  "bad_model", "missing_command", "max_below_quiet"])
+                                  "bad_model", "missing_command", "max_below_quiet", "no_triton"])
 def test_every_check_runs_before_round_1(tmp_path, case, private_tmpdir, monkeypatch):
     out, root = tmp_path / "art", tmp_path / "root"
     args = ["--out", str(out), "--target", "sm_90"]
@@ -122,6 +122,9 @@ def test_every_check_runs_before_round_1(tmp_path, case, private_tmpdir, monkeyp
     elif case == "max_below_quiet":  # options that do not mix: a usage error, as in every command
         args += ["--max-rounds", "1"]
         code = ExitCode.USAGE
+    elif case == "no_triton":  # pack would record an empty fingerprint: refused before round 1
+        monkeypatch.setitem(sys.modules, "triton", None)
+        code = ExitCode.UNSUPPORTED
     result = build(tmp_path, *args, *(["--", *cmd] if cmd else []), root=root)
     assert result.exit_code == code, result.output
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
@@ -130,6 +133,8 @@ def test_every_check_runs_before_round_1(tmp_path, case, private_tmpdir, monkeyp
     assert list(private_tmpdir.iterdir()) == []
     if case == "out_in_the_way":
         assert out.read_text() == "precious"
+    if case == "no_triton":
+        assert "the `triton` extra" in lines[0] and "'.[triton]'" in lines[0]
 
 
 def test_reuse_root_bakes_on_top_and_says_what_it_packs(tmp_path):

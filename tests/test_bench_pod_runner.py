@@ -1,7 +1,7 @@
 """bench/pod_runner.py, the kubelet stand-in the GPU host runs (bench/gpu_delivery.sh), on CPU:
 the Pods `cachebake k8s` writes, exactly as written, with a real bake (real sm_90 Triton cache
 entries and the H200 vllm-role excerpt), and `vllm` on the "image's" PATH the stand-in
-(tests/standin_vllm.py), which does to the filesystem what the real server does at start.
+(tests/kit/standin_vllm.py), which does to the filesystem what the real server does at start.
 
 Every image maps to this host's root (as on the GPU host, where the serving software is
 installed): the "image" here is a world-readable dir with `vllm` (the stand-in) and
@@ -54,7 +54,7 @@ def image(tmp_path_factory):
     (d / "bin").mkdir()
     shutil.copytree(REPO / "cachebake", d / "lib" / "cachebake", ignore=shutil.ignore_patterns("__pycache__"))
     vllm = d / "bin" / "vllm"
-    vllm.write_text(f"#!{sys.executable}\n" + (REPO / "tests" / "standin_vllm.py").read_text().split("\n", 1)[1])
+    vllm.write_text(f"#!{sys.executable}\n" + (REPO / "tests" / "kit" / "standin_vllm.py").read_text().split("\n", 1)[1])
     (d / "bin" / "cachebake").write_text(f"#!{sys.executable}\nimport sys\nfrom cachebake.cli import main\n"
                                          "sys.exit(main())\n")
     shutil.copy2(REPO / "docker" / "cachebake-init.sh", d / "cachebake-init.sh")

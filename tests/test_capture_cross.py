@@ -1,7 +1,7 @@
 """Cross-target warmups and the build's seed step, on CPU.
 
 The cross-target patches (cachebake.capture.cross) run in a real JIT warmup whose active driver
-stands in for an sm_90 GPU (tests/jit_launch.py): Triton must compile every launch for the
+stands in for an sm_90 GPU (tests/kit/jit_launch.py): Triton must compile every launch for the
 requested sm_120, skip the launches (building the launcher helper as a first launch would),
 and answer host code's device questions for the target.  A real cross bake on a GPU is
 bench/gpu_replay.sh's job (not run here: no GPU).

@@ -302,6 +302,12 @@ def test_progress_prints_round_summaries_off_a_terminal(tmp_path):
     progress.end_round(RoundReport(1, 0, 3.0, EventSummary.of(events), str(tmp_path / "log")))
     assert out.getvalue().strip() == ("bake round 1: compiled -- 1 compiles (2.0 s), 1 hits, "
                                       "0 autotunes (0.0 s), 0 helper builds, 3.0 s")
+    # a round without work is quiet, not "stable": stable takes --quiet-rounds of them in a row
+    out.truncate(0), out.seek(0)
+    progress.start_round(2, 4)
+    progress.end_round(RoundReport(2, 0, 1.0, EventSummary.of([Event(kind="cache_hit", kernel="k")]),
+                                   str(tmp_path / "log")))
+    assert out.getvalue().strip().startswith("bake round 2: quiet -- 0 compiles")
 
 
 def test_step_set_through_the_environment_is_seen(log, tmp_path, monkeypatch):

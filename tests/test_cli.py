@@ -26,11 +26,7 @@ DOCUMENTED = {int(c) for c in ExitCode}
 
 
 def _readme_codes() -> set[int]:
-    """The codes of README's Exit codes table and of the docs/*.md pages' (docs/trust.md: 13)."""
-    text = (REPO / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
-    for page in sorted((REPO / "docs").glob("*.md")):
-        if "\n## Exit codes\n" in page.read_text():
-            text += "\n" + page.read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "exit-codes.md").read_text().split("# Exit codes", 1)[1]
     return {int(line.split("|")[1]) for line in text.splitlines()
             if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
 

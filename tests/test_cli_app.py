@@ -1,5 +1,6 @@
-"""The command line as README documents it: README's Commands table lists every command and
-every option of every click command, and nothing the CLI lacks; `cachebake --help` shows each
+"""The command line as docs/concepts.md summarizes it: its table of the commands at a glance
+lists every command and every option of every click command, and nothing the CLI lacks (the
+full reference, docs/commands.md, is generated from --help: tests/test_docs.py); `cachebake --help` shows each
 command's summary whole (click cuts a first sentence that does not fit to "...")."""
 
 import re
@@ -10,20 +11,15 @@ from installkit import REPO
 
 from cachebake.cli import main
 
-README = (REPO / "README.md").read_text()
+README = (REPO / "docs" / "concepts.md").read_text()  # the commands at a glance
 _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def _usages() -> list[str]:
-    """The `cachebake ...` code spans of the first cells of README's Commands table, and of the
-    Commands tables of docs/*.md (the pages README is being split into: docs/trust.md)."""
-    sections = [README.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]]
-    for page in sorted((REPO / "docs").glob("*.md")):
-        text = page.read_text()
-        if "\n## Commands\n" in text:
-            sections.append(text.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0])
+    """The `cachebake ...` code spans of the first cells of README's Commands table."""
+    section = README.split("\n## The commands at a glance\n", 1)[1].split("\n## ", 1)[0]
     spans = []
-    for row in "\n".join(sections).splitlines():
+    for row in section.splitlines():
         if row.startswith("| `cachebake "):
             spans += [s for s in re.findall(r"`([^`]*)`", row.split(" | ", 1)[0])
                       if s.split()[:1] == ["cachebake"] and len(s.split()) > 1]

@@ -65,3 +65,19 @@ def test_inspect_prints_every_value_from_a_hostile_artifact_as_text(tmp_path):
     for text in ("H200\ufffd[8m[/]", "[/x]\ufffd[5m", "[link=x]s\ufffd[2J", "p\ufffd[1m[/]: [blink]r\ufffd",
                  "K\ufffd[1m=v[/x]\ufffd"):
         assert text in out, text
+
+
+def test_an_empty_compile_record_says_so_rather_than_an_empty_field(tmp_path):
+    # a bake whose processes launched nothing leaves a record with no targets: the line must
+    # not read "recorded on ;"
+    from cachebake.cli.inspect import inspect_artifact
+    from cachebake.cli.render import render_bake
+
+    ref = inspect_artifact(_hostile_artifact(tmp_path)).bakes[0]
+    for targets, shown in (([], "no target recorded;"), (["cuda:90"], "recorded on cuda:90;")):
+        buf = io.StringIO()
+        record = {"compiles": 0, "kernels": 0, "autotune": 0, "autotune_candidates": 0,
+                  "unverified": 0, "targets": targets, "modules": []}
+        render_bake(ref, Console(file=buf, force_terminal=False, width=400), record=record)
+        line = next(ln for ln in buf.getvalue().splitlines() if "compile record" in ln)
+        assert shown in line and "recorded on ;" not in line, line

@@ -556,7 +556,7 @@ def test_podman_plays_the_init_pod_as_written_and_the_server_starts_with_no_comp
     """The Pod exactly as `cachebake k8s` writes it (README's command: the recipe's `vllm serve`,
     the model from a claim, the bake's sizes from --bake), played by podman: the installer pulls
     the bake from the registry, checked against the serving image's fingerprint; the server's
-    `vllm serve` is the stand-in (tests/standin_vllm.py), which finds the model at its path and
+    `vllm serve` is the stand-in (tests/kit/standin_vllm.py), which finds the model at its path and
     verifies the cache there with 0 compiles.  Only podman's own flags differ from kubectl's:
     the network (the registry is on this namespace's loopback) and plain-HTTP pulls; and two
     podman 4.3 limits: the miss-log sidecar plays as a regular container (no native sidecars),
@@ -753,7 +753,7 @@ def test_podman_plays_the_vllm_role_copy_inside_the_read_only_bake(engines, inst
 def test_podman_plays_the_image_volume_pod_as_written_and_the_server_starts(engines, standin_server, tmp_path):
     """Issue 30: the image-volume Pod exactly as `cachebake k8s --pattern image-volume --bake ART
     --serving-image-has-cachebake --model-pvc CLAIM` writes it, the server's `vllm serve` the
-    stand-in (tests/standin_vllm.py), which does at start what vLLM does to the filesystem
+    stand-in (tests/kit/standin_vllm.py), which does at start what vLLM does to the filesystem
     (Inductor's cache dir at `import vllm`, the torch.compile cache, a Triton miss through the
     layered manager).  What stands in for the image volume and the role's emptyDir: see the
     module docstring; the miss-log sidecar plays as a regular container (podman 4.3).  On the

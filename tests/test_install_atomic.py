@@ -285,7 +285,7 @@ def _in_a_mount_namespace(script: str) -> subprocess.CompletedProcess:
 def _view_cmd(role_dir, out) -> str:
     prog = ("import json, sys; sys.path.insert(0, sys.argv[3]); from installkit import resolved_view; "
             "from pathlib import Path; Path(sys.argv[2]).write_text(json.dumps(resolved_view(Path(sys.argv[1]))))")
-    return f"{sys.executable} -c '{prog}' {role_dir} {out} {REPO / 'tests'}"
+    return f"{sys.executable} -c '{prog}' {role_dir} {out} {REPO / 'tests' / 'kit'}"
 
 
 def _install_cmd(art, to, fp_file, tag, tmp_path) -> str:

@@ -2,7 +2,7 @@
 by real torch: it hits; the same cache moved without install fails as vLLM 0.24 did.
 
 The cache is generated and loaded by the vllm venv's interpreter (torch 2.14 + vLLM 0.33;
-tests/torch_cache.py), named by CACHEBAKE_VLLM_PYTHON; cachebake itself (pack, install) runs
+tests/kit/torch_cache.py), named by CACHEBAKE_VLLM_PYTHON; cachebake itself (pack, install) runs
 in this interpreter, as in production.  On CPU, Inductor writes C++ kernels and no Triton ones,
 so the path-bearing fields here are vLLM's graph handle, the FX graph's repro script and the
 kernels' DWARF; the Triton-specific fields are covered by the H200 files
@@ -26,7 +26,7 @@ from installkit import cli
 from cachebake.artifact.pack import CacheRoot, pack_artifact
 
 VLLM_PYTHON = os.environ.get("CACHEBAKE_VLLM_PYTHON", "")
-TORCH_CACHE = Path(__file__).parent / "torch_cache.py"
+TORCH_CACHE = Path(__file__).parent / "kit" / "torch_cache.py"
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not os.access(VLLM_PYTHON or "/nonexistent", os.X_OK),

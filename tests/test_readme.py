@@ -1,7 +1,8 @@
-"""README's first section as a stranger meets it: the commands of "Start here" run as typed in
-a fresh copy of the checkout on a machine without a GPU and do what README says (one line,
-exit 7, within seconds), and its "Tested with" line names the versions the benches recorded
-(bench/RESULTS.md), so neither drifts from what is true."""
+"""README as a stranger meets it: short (the manual is in docs/), the flow drawn where GitHub
+renders it, the commands of "Start here" run as typed in a fresh copy of the checkout on a
+machine without a GPU and do what README says (one line, exit 7, within seconds), and its
+"Tested with" line names the versions the benches recorded (bench/RESULTS.md), so neither
+drifts from what is true.  The CPU quick start: tests/test_quickstart.py; docs/: test_docs.py."""
 
 import os
 import re
@@ -71,3 +72,40 @@ def test_tested_with_names_what_the_benches_ran():
     # and the Triton the test suite runs with
     pyproject = (REPO / "pyproject.toml").read_text()
     assert f'"triton=={triton}"' in pyproject
+
+
+def test_readme_is_at_most_12_kb_and_links_the_manual_in_docs():
+    assert len(README.encode()) <= 12 * 1024, len(README.encode())
+    for page in ("docs/README.md", "docs/commands.md", "docs/exit-codes.md", "docs/trust-model.md",
+                 "docs/dockerfile.md", "docs/init-container.md", "docs/image-volume.md",
+                 "docs/not-run.md", "docs/testing.md", "bench/README.md", "docs/trust.md",
+                 "docs/kubernetes.md", "docs/server-environment.md", "docs/delivery-on-gpu.md",
+                 "docs/fleet.md", "docs/vllm-versions.md", "docs/hardening.md"):
+        assert (REPO / page).is_file() and f"]({page})" in README, page
+
+
+def test_the_flow_is_one_mermaid_diagram_of_the_data_flow():
+    (diagram,) = re.findall(r"```mermaid\n(.*?)```", README, re.S)
+    assert diagram.startswith("flowchart LR")
+    nodes = dict(re.findall(r"^\s*(\w+)\[\"<b>(\w+)</b>", diagram, re.M))
+    assert list(nodes.values()) == ["build", "artifact", "delivery", "serve", "verify"]
+    edges = re.findall(r"(\w+) -->", diagram) + re.findall(r"--> (\w+)", diagram)
+    assert set(edges) == set(nodes)  # every stage is connected
+
+
+def test_conftest_finds_the_umoci_ci_run_installs():
+    """README's fast lane runs after .ci/run, without its exports: conftest must look where
+    .ci/run put the umoci that reads zstd layers (Debian 12's own 0.4.7 cannot)."""
+    import conftest
+
+    ci = (REPO / ".ci" / "run").read_text()
+    default = re.search(r"CI_DIR=\$\{CACHEBAKE_CI_DIR:-([^}]+)\}", ci)[1]
+    assert re.search(r'newer-umoci\.sh sid "\$CI_DIR/umoci-sid"', ci)
+    expected = os.path.join(os.environ.get("CACHEBAKE_CI_DIR") or default, "umoci-sid/usr/bin/umoci")
+    assert conftest.CI_UMOCI == expected
+
+
+def test_the_fast_lane_in_docs_is_the_suite_after_ci_run():
+    testing = (REPO / "docs" / "testing.md").read_text()
+    assert '. /opt/cachebake-ci/venv/bin/activate && python3 -m pytest -q -n auto -m "not slow"' in testing
+    assert "/opt/cachebake-ci" in (REPO / ".ci" / "run").read_text()

@@ -2,7 +2,7 @@
 check the result against Triton's own JIT for the same launches under each target: same keys,
 cubins for the right arch, the same launcher helpers, and a JIT that then compiles nothing.
 
-The JIT runs with tests/jit_launch.py's stand-in driver (Triton's own way to swap the active
+The JIT runs with tests/kit/jit_launch.py's stand-in driver (Triton's own way to swap the active
 driver); it stands in for the GPU runtime only: specialization, keys, compiles and autotune
 files are Triton's.  Every launch runs in a fresh subprocess so nothing is cached in memory.
 """
@@ -76,7 +76,7 @@ print(json.dumps(result))
 
 
 def jit_warmup(cache: Path, arch: int, **env) -> dict:
-    """tests/jit_launch.py's launches in a fresh process against ``cache``."""
+    """tests/kit/jit_launch.py's launches in a fresh process against ``cache``."""
     code = _CHILD.format(tests=str(TESTS), repo=str(REPO))
     full = {**os.environ, "TRITON_CACHE_DIR": str(cache), "TRITON_CACHE_AUTOTUNING": "1", "ARCH": str(arch),
             **{k: str(v) for k, v in env.items()}}

@@ -1,6 +1,6 @@
 """A compile record is data: forged records against ``cachebake replay`` and ``build --seed``.
 
-The record is recorded by the compile monitor from real Triton launches (tests/jit_launch.py,
+The record is recorded by the compile monitor from real Triton launches (tests/kit/jit_launch.py,
 as tests/test_replay_engine.py does), then forged as an attacker who can write a record (a
 compromised builder's artifact, a registry) or a miss line would: variables that make a
 worker's gcc, ld, ptxas or LLVM load a library (a canary whose constructor leaves a mark) or

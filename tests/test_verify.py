@@ -132,3 +132,86 @@ def test_the_triton_dir_of_an_install_names_the_install_dir(tmp_path, baked):
                         f"install dir {to}, not {to}/triton (verify --cache takes install's --to DIR)\n")
     ok = runner.invoke(main, ["verify", "--cache", str(to), "--", *warmup(tmp_path, 128)])
     assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.parametrize("bake, note", [
+    ({"driver": "kernels", "model": "nemotron-h", "tp": 1, "serve_args": {"max_num_seqs": 256}},
+     "--driver kernels --model nemotron-h"),
+    # the vllm driver records its recipe and the path it served from inside `model`
+    ({"driver": "vllm", "model": {"recipe": "nemotron-h:8b", "path": "/models/nemotron-h-8b"},
+      "serve_args": {"max_num_seqs": 256, "tensor_parallel_size": 1}},
+     "--driver vllm --model nemotron-h:8b --model-dir /models/nemotron-h-8b"),
+])
+def test_verify_takes_the_warmup_the_installed_bake_recorded(tmp_path, baked, bake, note):
+    """`verify --cache DIR` (no --model, no command) runs the installed bake's own warmup: on
+    this machine without a GPU that driver's preflight refuses (exit 7), not 'nothing to run'."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+    from cachebake.install.inventory import InstallMarker
+    from cachebake.verify import installed_warmup
+
+    art, to = tmp_path / "art", tmp_path / "to"
+    pack_artifact([CacheRoot("triton", baked / "triton")], art, target="sm_90", bake=bake)
+    runner = CliRunner()
+    assert runner.invoke(main, ["install", str(art), "--to", str(to), "--target", "sm_90"]).exit_code == 0
+    recorded = installed_warmup(to)
+    assert recorded["driver"] == bake["driver"] and recorded["serve_args"] == bake["serve_args"]
+    doc = json.loads((to / ".cachebake" / "current" / "install.json").read_text())
+    assert InstallMarker.from_json(doc).warmup == recorded
+    for args in ([], ["--driver", bake["driver"]]):
+        r = runner.invoke(main, ["verify", "--cache", str(to), *args])
+        assert r.exit_code == ExitCode.UNSUPPORTED, r.output
+        assert f"cachebake: note: the installed bake's warmup: {note}" in r.stderr
+        assert f"--driver {bake['driver']} cannot run here" in r.stderr
+
+
+def test_a_command_bake_records_no_warmup_and_verify_asks_for_one(tmp_path, baked):
+    # a command line from a file in a shared volume is never what verify executes
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    art, to = tmp_path / "art", tmp_path / "to"
+    pack_artifact([CacheRoot("triton", baked / "triton")], art, target="sm_90",
+                  bake={"driver": "command", "command": ["rm", "-rf", "/"], "model": "nemotron-h"})
+    runner = CliRunner()
+    assert runner.invoke(main, ["install", str(art), "--to", str(to), "--target", "sm_90"]).exit_code == 0
+    r = runner.invoke(main, ["verify", "--cache", str(to)])
+    assert r.exit_code == ExitCode.USAGE and "nothing to run" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("warmup, field", [
+    ({"driver": "command", "model": "nemotron-h"}, "warmup.driver"),
+    ({"driver": "kernels", "model": "/etc/passwd"}, "warmup.model"),
+    ({"driver": "kernels", "model": "nemotron-h", "command": ["sh"]}, "warmup"),
+    ({"driver": "kernels", "model": "nemotron-h", "tp": "1"}, "warmup.tp"),
+])
+def test_a_forged_warmup_in_install_json_is_refused_by_name(warmup, field):
+    from cachebake.errors import InvalidDocument
+    from cachebake.install.inventory import InstallMarker
+
+    doc = {"layer_digest": "sha256:" + "0" * 64, "target": "cuda:90", "roles": ["triton"],
+           "serve_at": "/x", "sealed_ctime_ns": 1, "dirs": [], "files": {}, "warmup": warmup}
+    with pytest.raises(InvalidDocument) as e:
+        InstallMarker.from_json(doc)
+    assert e.value.field == field
+
+
+def test_the_real_h200_bakes_warmup_resolves_to_the_serve_args_it_ran_with(tmp_path):
+    """tests/data's --driver vllm bake (README's first command on the H200): what install
+    records for verify, resolved as the vllm driver resolves it, is the bake's own serve args
+    and model path, byte for byte (both enter torch.compile's key)."""
+    import tarfile
+
+    from cachebake.artifact.reader import open_source
+    from cachebake.install.inventory import warmup_of
+    from cachebake.vllm.serveargs import resolve
+
+    with tarfile.open(Path(__file__).parent / "data" / "nemotron-h-8b-vllm-0.24-sm_90-2026-12-01.artifact.tar") as tar:
+        for m in tar.getmembers():  # Debian 12's tarfile has no filter=; the archive is ours
+            assert not m.name.startswith("/") and ".." not in m.name.split("/")
+        tar.extractall(tmp_path)
+    bake = open_source(str(tmp_path / "cachebake-nemotron-h")).select("cuda:90").manifest.bake
+    warmup = warmup_of(bake)
+    assert warmup == {"driver": "vllm", "model": "nemotron-h:8b", "serve_args": dict(bake.serve_args),
+                      "model_dir": "/models/nemotron-h-8b"}
+    recipe, args, model_dir = resolve(warmup["model"], serve_args=warmup["serve_args"],
+                                      model_dir=warmup["model_dir"])
+    assert args == dict(bake.serve_args) and model_dir == bake.model["path"]

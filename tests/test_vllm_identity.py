@@ -4,7 +4,7 @@ Without vLLM: the hash formulas against a real bake's files (tests/data's H200 e
 0.24's own cache_key_factors.json, the backend dir and the AOT dir it named), the recorded
 values, what a round's probe records turn into, the hub-id model placement.
 
-With vLLM (the ``vllm`` marker, CACHEBAKE_VLLM_PYTHON; tests/vllm_identity_kit.py): real Dynamo,
+With vLLM (the ``vllm`` marker, CACHEBAKE_VLLM_PYTHON; tests/kit/vllm_identity_kit.py): real Dynamo,
 vLLM's backend and Inductor on CPU, each run a fresh process: the probe sees the compile, the
 load, and the miss another HOME causes, and the variables serve-args exports make it load again;
 the identity of the nemotron-h recipe's engine config and ``verify --check-only``'s verdicts.
@@ -32,7 +32,7 @@ from cachebake.vllm.versions import version_tuple
 
 FACTORS = "vllm/torch_compile_cache/b5f17cf9b9/rank_0_0/backbone/cache_key_factors.json"
 AOT_DIR = "a81caeba2363250f00754b85433a6af692f9977a61d73995655567320d0b0d0c"
-KIT = Path(__file__).parent / "vllm_identity_kit.py"
+KIT = Path(__file__).parent / "kit" / "vllm_identity_kit.py"
 VLLM_PYTHON = os.environ.get("CACHEBAKE_VLLM_PYTHON", "")
 
 
@@ -206,7 +206,7 @@ def test_a_hub_id_gets_the_hugging_face_cache_layout(tmp_path):
 def kit(*args, env: dict | None = None, home: str = "/tmp") -> object:
     run_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "VLLM_"))}
     repo = Path(__file__).resolve().parent.parent
-    run_env.update(PYTHONPATH=f"{repo}:{repo / 'tests'}", HF_HUB_OFFLINE="1", HOME=home, **(env or {}))
+    run_env.update(PYTHONPATH=f"{repo}:{repo / 'tests' / 'kit'}", HF_HUB_OFFLINE="1", HOME=home, **(env or {}))
     r = subprocess.run([VLLM_PYTHON, str(KIT), *map(str, args)], capture_output=True, text=True,
                        env=run_env, timeout=900, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from cachebake import jsonio
 from cachebake.artifact import schema
-from cachebake.errors import BadInput, InvalidDocument
+from cachebake.errors import BadInput, InvalidDocument, shorten
 from cachebake.gpu import resolve_target
 from cachebake.roles import ROLE_ENV
 
@@ -142,13 +142,26 @@ class Mismatch:
     consequence: str
 
     def __str__(self) -> str:
-        return f"{self.field}: baked {_short(self.baked)}, here {_short(self.current)} -> {self.consequence}"
+        baked, here = _flat(self.baked), _flat(self.current)
+        # Long values (triton_key: the version, then hashes) can share a long prefix: cut both
+        # around where they first differ, so the line shows the difference, not the prefix.
+        start = 0
+        if max(len(baked), len(here)) > 90:
+            common = len(os.path.commonprefix([baked, here]))
+            start = max(0, common - 20) if common > 40 else 0
+        return (f"{self.field}: baked {_short(baked, start)}, here {_short(here, start)} "
+                f"-> {self.consequence}")
 
 
-def _short(value: object) -> str:
+def _flat(value: object) -> str:
     text = value if isinstance(value, str) else jsonio.dumps(value, sort_keys=True)
-    text = " ".join(str(text).split())
-    return text if len(text) <= 90 else text[:87] + "..."
+    return " ".join(str(text).split())
+
+
+def _short(text: str, start: int = 0) -> str:
+    """At most 90 characters of ``text`` from ``start`` ("..." marks what was cut)."""
+    head = "..." if start else ""
+    return head + shorten(text[start:], 90 - len(head))
 
 
 def _dist_version(name: str) -> str | None:

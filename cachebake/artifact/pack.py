@@ -15,8 +15,8 @@ there (or from the visible GPU for a cache without kernels).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
+import importlib.util
 import os
 import secrets
 import shutil
@@ -25,22 +25,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake import jsonio
+from cachebake import fsops, jsonio
 from cachebake.artifact import oci
 from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
 from cachebake.artifact.manifest import BakeManifest, BakeRecord, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
-from cachebake.errors import BadInput, CachebakeError, DeferredInterrupt, Interrupted, from_os_error
+from cachebake.errors import (BadInput, CachebakeError, DeferredInterrupt, Interrupted, Unsupported,
+                              from_os_error)
 from cachebake.gpu import GPUTargetSpec
 
-__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "PackReport"]
+__all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "check_triton",
+           "PackReport", "work_dir_beside"]
 
 
 @dataclass
 class PackReport:
-    status: str  # "created" (a new artifact), "added" (a target to one), "replaced"
+    # "created" (a new artifact), "added" (a target to one), "replaced" (this target's bake, by
+    # another image), "unchanged" (packed again to the same image digest)
+    status: str
     out: Path
     target: str
     manifest: BakeManifest
@@ -63,6 +67,22 @@ class PackReport:
         if self.cleaned:
             d["cleaned"] = list(self.cleaned)
         return d
+
+
+def _no_triton() -> Unsupported:
+    return Unsupported(
+        "Triton is not installed in this interpreter, so pack cannot record the Triton build the "
+        "cache was compiled with (the artifact's fingerprint): every install that has Triton would "
+        "refuse it (exit 4)", hint="install the `triton` extra, the Triton the kernels were compiled "
+        "with: python3 -m pip install '.[triton]' (or 'cachebake[triton]')")
+
+
+def check_triton() -> None:
+    """Refuse (exit 7, naming the ``triton`` extra) where Triton cannot be imported: pack
+    takes the fingerprint's Triton version and key from this interpreter, and a fingerprint
+    without them is one no serving environment matches.  ``build`` calls it before round 1."""
+    if importlib.util.find_spec("triton") is None:
+        raise _no_triton()
 
 
 def check_writable(path: Path, option: str, shown: Path | None = None) -> None:
@@ -154,6 +174,8 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
         # Fingerprint before writing: a target Triton cannot serve fails before any work.
         fp = current_fingerprint(_pick_target(target, inventory), bake_paths=snap.roots)
         fp = dataclasses.replace(fp, **dict(fingerprint_from or {}))
+        if not fp.triton_key:
+            raise _no_triton()
         # From here Ctrl-C is taken between files and steps, where _Outcome knows what was
         # left (errors.DeferredInterrupt: never swallowed in a finalizer)
         with DeferredInterrupt() as interrupts:
@@ -176,13 +198,8 @@ class _Steps:
 
 def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
            progress, outcome: _Outcome, step: _Steps) -> PackReport:
-    out.parent.mkdir(parents=True, exist_ok=True)
     cleaned = clean_leftovers(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX % out.name}", dir=out.parent))
-    # Held until the swap: the next pack into ``out`` removes this dir only if no live pack
-    # holds it (flock(2) on a directory fd: released by the kernel when we die)
-    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    tmp, lock_fd = work_dir_beside(out)
     old = None
     try:
         existing: dict[str, dict] = {}
@@ -244,6 +261,8 @@ def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     step("old-removed")
+    if status == "replaced" and replaced == desc["digest"]:
+        status, replaced = "unchanged", None  # the same bytes again: nothing was replaced
     return PackReport(status, out, fp.target, manifest, desc["digest"], sorted(existing), replaced,
                       cleaned=cleaned)
 
@@ -287,6 +306,20 @@ def _fsync_tree(root: Path) -> None:
 # the exchange) and, from cachebake 0.1 or without RENAME_EXCHANGE, the old artifact set aside.
 _TMP_PREFIX = ".%s.tmp-"
 _OLD_PREFIX = ".%s.old-"
+
+
+def work_dir_beside(out: Path, kind: str = "") -> tuple[Path, int]:
+    """A fresh private dir beside ``out`` (``.OUT.tmp-[KIND-]XXXXXXXX``) for a command that
+    writes ``out``, and an fd holding its flock: the caller keeps the fd open while the dir is
+    in use and closes it after removing the dir.  A killed command's dir is then the next
+    pack's to remove (``clean_leftovers``: the name, the owner, no live holder of the lock;
+    the kernel drops a flock when its process dies, where a pid could have been reused)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX % out.name + (f"{kind}-" if kind else ""),
+                                dir=out.parent))
+    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    return tmp, lock_fd
 
 
 def clean_leftovers(out: Path) -> list[str]:
@@ -351,23 +384,7 @@ def _swap_into_place(tmp: Path, out: Path, outcome: _Outcome, step: _Steps) -> P
     return aside
 
 
-# renameat2(2) flag (linux/fs.h).  fsops.py calls renameat2 with RENAME_NOREPLACE; pack
-# is an earlier room and cannot import it, hence this one call of its own.
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
 def _rename_exchange(a: Path, b: Path) -> bool:
     """Swap ``a`` and ``b`` atomically; False where renameat2 or RENAME_EXCHANGE is missing
     (glibc < 2.28, Linux < 3.15, a filesystem without it), an OSError for anything else."""
-    import ctypes
-
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), os.fspath(b))
+    return fsops.renameat2(a, b, fsops.RENAME_EXCHANGE)

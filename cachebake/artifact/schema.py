@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 
 from cachebake.errors import InvalidDocument, Unsupported
+from cachebake.errors import shorten
 from cachebake.roles import ROLE_ENV
 
 FORMAT_VERSION = 1
@@ -142,7 +143,7 @@ def _json_type(value) -> str:
 
 
 def _short(value: str) -> str:
-    return repr(value if len(value) <= 60 else value[:57] + "...")
+    return repr(shorten(value, 60))
 
 
 # ------------------------------------------------------------------------------ documents

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachebake.artifact.pack import CacheRoot, PackReport, check_out, check_writable, pack_artifact
+from cachebake.artifact.pack import (CacheRoot, PackReport, check_out, check_triton, check_writable,
+                                     pack_artifact)
 from cachebake.bake.rounds import (DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS, Driver, RoundProgress,
                                    Rounds, check_round_options, run_rounds)
 from cachebake.capture.env import ALL_ROLES, InvalidatingEnvWarning, bake_env
@@ -124,6 +125,7 @@ def preflight(driver: Driver, *, out: os.PathLike | str, root: os.PathLike | str
     """Every check ``build`` can make before round 1; raises the first failure."""
     check_round_options(max_rounds, quiet_rounds, until_stable)
     driver.preflight()
+    check_triton()  # pack, at the end, records this interpreter's Triton in the fingerprint
     checked = _check_root(root, roles, reuse_root)
     return BuildPlan(out=check_out(out), root=checked, target=_bake_target(target),
                      root_existed=checked.is_dir(),

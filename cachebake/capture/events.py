@@ -16,6 +16,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from cachebake.errors import CachebakeError
+from cachebake.jsonio import parse_json
+
 WORK_KINDS = ("compile", "autotune", "helper_build")  # anything a server would have to redo
 KINDS = ("compile", "cache_hit", "autotune", "helper_build")
 
@@ -76,8 +79,8 @@ def _parse_lines(lines: Iterable[bytes]) -> Iterable[Event]:
         if not line.strip():
             continue
         try:
-            yield Event.from_dict(json.loads(line))
-        except (ValueError, TypeError):
+            yield Event.from_dict(parse_json(line, "event", allow_non_finite=True))
+        except (CachebakeError, ValueError, TypeError):
             continue
 
 

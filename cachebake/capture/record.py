@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NoReturn
 
 from cachebake.errors import InvalidDocument, Unsupported
+from cachebake.errors import shorten
 from cachebake.jsonio import canonical_json, parse_json
 
 RECORD_FORMAT_VERSION = 1
@@ -56,7 +57,7 @@ def shown(value, limit: int = 120) -> str:
     logs come from pods that may be compromised; their text reaches terminals through error
     lines that bypass any renderer."""
     text = value if isinstance(value, str) and value.isascii() and value.isprintable() else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return shorten(text, limit)
 
 
 class _Fields:
@@ -482,6 +483,5 @@ def _path_name(spec: CompileSpec, path) -> str:
 
 def _short(v) -> str:
     """A value for a label: JSON (control characters escaped), short."""
-    text = json.dumps(v, sort_keys=True, default=str)
-    return text if len(text) <= 24 else text[:21] + "..."
+    return shorten(json.dumps(v, sort_keys=True, default=str), 24)
 

@@ -18,7 +18,7 @@ import click
 
 from cachebake.cli.output import Output
 from cachebake.errors import (CachebakeError, ExitCode, Interrupted, UsageError, from_os_error,
-                              missing_dependency, write_crash_log)
+                              missing_dependency, stop_on_sigterm, write_crash_log)
 
 # click >= 8.2 raises this for a command given no arguments at all (it shows the help)
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -35,6 +35,7 @@ class CachebakeGroup(click.Group):
         options = args[:args.index("--")] if "--" in args else args
         command = next((a for a in options if not a.startswith("-")), "")
         out = Output(command, as_json="--json" in options)
+        stop_on_sigterm()  # SIGTERM takes the Ctrl-C path: what was made is removed, and said
         try:
             code = super().main(args=args, prog_name=prog_name or "cachebake",
                                 complete_var=complete_var, standalone_mode=False, obj=out, **extra)

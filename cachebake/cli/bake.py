@@ -10,7 +10,7 @@ from cachebake.bake.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_QUIET_ROUNDS
 from cachebake.cli.app import JSON_OPTION, main, output
 from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET, POSITIVE_INT, SERVE_ARGS
 from cachebake.cli.replay import ALLOW_MODULE_OPTION
-from cachebake.errors import Interrupted
+from cachebake.errors import Interrupted, printable
 
 _DRIVER_HELP = ("What runs one warmup round: vllm (vLLM's engine with the serve args), kernels "
                 "(vLLM's Mamba2 Triton ops at the model's shapes), or command (the CMD after --). "
@@ -137,7 +137,8 @@ def _build_in_image(image, gpus, *, out, root, work_dir, **build_options):
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--cache", required=True, type=click.Path(),
               help="An installed cache root (the --to DIR of install).")
-@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm).")
+@click.option("--model", help="Recipe name or model directory (for --driver kernels|vllm; default: "
+              "the installed bake's, with its driver, tp, serve args and model dir).")
 @click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]), help=_DRIVER_HELP)
 @click.option("--tp", type=POSITIVE_INT, default=None, help="Tensor-parallel size (default: the recipe's).")
 @click.option("--serve-args", "serve_args", type=SERVE_ARGS, default=None,
@@ -181,12 +182,24 @@ def verify(cache, model, driver, tp, serve_args, model_dir, work_dir, check_only
         return
     if artifact or target or model_ref:
         raise click.UsageError("--artifact, --target and --model-ref are for --check-only")
-    from cachebake.verify import verify as run_verify
+    from cachebake.verify import installed_warmup, verify as run_verify
     from cachebake.cli.progress import RoundProgress
     from cachebake.cli.render import render_verify
     from cachebake.drivers.registry import make_driver
 
     out = output(as_json)
+    if not cmd and not model and driver != "command":
+        # the installed bake's own warmup, as it recorded it (options given here win)
+        recorded = installed_warmup(cache)
+        if recorded:
+            driver = driver or recorded["driver"]
+            model = recorded["model"]
+            tp = tp if tp is not None else recorded.get("tp")
+            serve_args = serve_args if serve_args is not None else recorded.get("serve_args")
+            if driver == "vllm" and model_dir is None:
+                model_dir = recorded.get("model_dir")
+            out.note(printable(f"the installed bake's warmup: --driver {driver} --model {model}"
+                               + (f" --model-dir {model_dir}" if model_dir else "")))
     drv = make_driver(driver, cmd, model=model, tp=tp, serve_args=serve_args, model_dir=model_dir)
     report = run_verify(drv, cache, work_dir=work_dir, progress=RoundProgress(out.err_console, verb="verify"))
     for line in report.warnings():

@@ -51,8 +51,10 @@ class RoundProgress:
             self.status.stop()
             self.status = None
         s = rnd.summary
+        # "quiet", not "stable": one quiet round is not the evidence (--quiet-rounds in a row
+        # are; the build's summary says when the bake is stable)
         state = ("[red]failed[/]" if rnd.exit_code != 0
-                 else "[green]stable[/]" if s.stable else "[yellow]compiled[/]")
+                 else "[green]quiet[/]" if rnd.quiet else "[yellow]compiled[/]")
         self.console.print(
             f"{self.verb} round {rnd.index}: {state} -- {s.compiles} compiles "
             f"({s.compile_seconds:.1f} s), {s.cache_hits} hits, {s.autotunes} autotunes "

@@ -100,9 +100,10 @@ def render_bake(ref, console: Console, record: dict | None = None) -> None:
         if getattr(bake, key) is not None:
             t.add_row(key, _text(getattr(bake, key)))
     if record:
+        on = f"recorded on {', '.join(record['targets'])}" if record["targets"] else "no target recorded"
         t.add_row("compile record", f"{record['compiles']} launches of {record['kernels']} kernels, "
                   f"{record['autotune']} autotune keys ({record['autotune_candidates']} candidates), "
-                  f"recorded on {', '.join(record['targets'])}; {record['unverified']} not verified")
+                  f"{on}; {record['unverified']} not verified")
     how = (bake.unverified_on_target or {}).get("how")
     if how:
         t.add_row("[yellow]unverified[/]", f"made by {how}, not on a {m.target} GPU: run `cachebake verify` there")
@@ -141,9 +142,12 @@ def render_inspect(report, console: Console) -> None:
 
 
 def render_pack(report, console: Console) -> None:
-    verb = {"created": "packed", "added": "added", "replaced": "replaced"}.get(report.status, report.status)
-    console.print(f"{verb} the {report.target} bake in [bold]{escape(str(report.out))}[/] "
-                  f"(targets: {', '.join(report.targets)})")
+    where = f"[bold]{escape(str(report.out))}[/] (targets: {', '.join(report.targets)})"
+    if report.status == "unchanged":  # packed again to the same bytes: nothing was replaced
+        console.print(f"the {report.target} bake in {where} is unchanged: the same image digest")
+    else:
+        verb = {"created": "packed", "added": "added", "replaced": "replaced"}.get(report.status, report.status)
+        console.print(f"{verb} the {report.target} bake in {where}")
     if report.replaced_manifest_digest:
         console.print(f"  replaced image {report.replaced_manifest_digest}")
     m = report.manifest

@@ -56,6 +56,7 @@ DRIVERS: dict[str, DriverSpec] = {
 }
 # What the machine must have rather than the interpreter: never what picks the default driver.
 MACHINE_NEEDS = ("gpu", "c-compiler")
+MAX_DRIVER_RECORD = 64 << 20  # a driver's record of its round (the vllm driver's: tens of KB)
 
 # Files that tell a full vLLM (its engine) from the ops-only slice that
 # bench/vllm_ops/make_vllm_ops.py builds, located without importing vllm (seconds, and torch).
@@ -178,9 +179,12 @@ class InProcessDriver:
         path = Path(work_dir) / self.spec.record
         if not path.is_file():
             return {}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+        from cachebake.jsonio import load_document
+
+        try:  # written by the round's process: bounded and strict like any document read
+            data = load_document(path, f"the {self.name} driver's record {path}", MAX_DRIVER_RECORD,
+                                 missing=None)
+        except OSError as e:
             raise CachebakeError(f"the {self.name} driver's record {path} is unreadable: {e}") from None
         return data if isinstance(data, dict) else {}
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from cachebake.artifact.reader import open_source
 from cachebake.errors import BadInput, CachebakeError, Interrupted, from_os_error
 from cachebake.install import atomic, extract, preflight, relocate, relocate_vllm
-from cachebake.install.inventory import InstallMarker
+from cachebake.install.inventory import InstallMarker, warmup_of
 from cachebake.install.environment import IDENTITY, BakeFacts, ServerLayout, server_env
 from cachebake.roles import OVERLAY_ENV
 from cachebake.roles import serving_overlay_env as runtime_env
@@ -101,7 +101,7 @@ def install_artifact(artifact: str | os.PathLike, to: str | os.PathLike, *,
     left empty) is what the next install's tree check repairs, and the sync is ~30 ms of an
     install on a fast disk, more on a node whose other tenants left writeback pending.
     ``checkpoint``: called with the name of each step of the extraction and the switch (the
-    crash tests kill the process at the n-th call: tests/installkit.py).
+    crash tests kill the process at the n-th call: tests/kit/installkit.py).
     ``signature``: the verified digest and key (distribute.sign's record), for install.json;
     an install whose marker records another one is not "already installed"."""
     dest = atomic.InstallDir(to, sync=sync, checkpoint=checkpoint)
@@ -255,7 +255,8 @@ def _install(artifact, dest: atomic.InstallDir, *, lock_timeout, check_only, **o
             installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             groups_relocated=report.groups_relocated, relocated=report.relocated,
             left_out=report.left_out, dirs=tuple(stats.dirs), files=stats.inventory,
-            signature=dict(plan.signature or {})))
+            signature=dict(plan.signature or {}),
+            warmup=warmup_of(plan.bake.manifest.bake)))
     report.cleaned = tx.cleaned
     return plan.done(report.status, dest, version)
 

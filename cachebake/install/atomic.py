@@ -44,7 +44,7 @@ the leftovers cleaned, a staging dir), the caller writes into ``tx.staged_fd``, 
 exception, or leaving the block without a commit, undoes what the transaction did.
 
 ``checkpoint``: a callable each step calls with its name (the crash tests pass one that kills
-the process at the n-th call, tests/installkit.py); a no-op by default.
+the process at the n-th call, tests/kit/installkit.py); a no-op by default.
 """
 
 from __future__ import annotations

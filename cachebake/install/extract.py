@@ -37,6 +37,7 @@ from typing import BinaryIO, Callable
 
 from cachebake.artifact.manifest import BakeManifest
 from cachebake.errors import CorruptArtifact, InvalidDocument, UnsafeArtifact
+from cachebake.errors import shorten
 from cachebake.install import refusals
 from cachebake.install.inflate import Inflater
 from cachebake.install.staging import Staging
@@ -146,10 +147,10 @@ class EntryChecker:
         if len(parts) > MAX_DEPTH:
             raise refusals.TooDeepError(name, f"nests {len(parts)} levels deep, over {MAX_DEPTH}")
         if size > self.limits.path_budget:
-            raise refusals.PathTooLongError(name[:80] + "...", f"makes an installed path over PATH_MAX "
+            raise refusals.PathTooLongError(shorten(name, 80, keep=80), f"makes an installed path over PATH_MAX "
                                             f"({PATH_MAX} bytes)")
         if size > NAME_MAX and any(len(p.encode("utf-8")) > NAME_MAX for p in parts):
-            raise refusals.NameTooLongError(name[:80] + "...", f"has a path component over NAME_MAX "
+            raise refusals.NameTooLongError(shorten(name, 80, keep=80), f"has a path component over NAME_MAX "
                                             f"({NAME_MAX} bytes)")
         mode = h.mode
         if mode & 0o7000:

@@ -20,6 +20,7 @@ past the seal and a change in the same clock tick still counts as later.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -55,12 +56,15 @@ class InstallMarker:
     # install --verify-key: {"digest", "key", "form"}: the manifest digest verified and the
     # fingerprint (sha256 of the DER public key) of the key that verified it; {} unverified
     signature: Mapping[str, str] = field(default_factory=dict)
+    # the bake's warmup as `verify` runs it again by default (``warmup_of``): driver, model,
+    # tp, serve_args, model_dir; empty for a command bake and in earlier cachebakes' markers
+    warmup: Mapping = field(default_factory=dict)
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("roles", "dirs"):
             doc[key] = list(doc[key])
-        for key in ("relocated", "left_out", "files", "signature"):
+        for key in ("relocated", "left_out", "files", "signature", "warmup"):
             doc[key] = dict(doc[key])
         return doc
 
@@ -97,7 +101,53 @@ class InstallMarker:
             files=dict(files),
             sealed_ctime_ns=c.integer(c.get(doc, "sealed_ctime_ns", ""), "sealed_ctime_ns", hi=1 << 64),
             signature=dict(signature),
+            warmup=_check_warmup(c, doc.get("warmup", {})),
         )
+
+
+# What `verify` takes from a bake to run its warmup again: the in-process drivers' options.
+# A command bake's command line is not among them: a file in a shared volume does not choose
+# what verify executes (give it after --).
+WARMUP_DRIVERS = ("vllm", "kernels")
+# A recipe name (`cachebake recipes`), never a path: install.json does not pick files to read.
+_RECIPE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?\Z")
+
+
+def warmup_of(bake) -> dict:
+    """The bake section's (artifact.manifest.BakeRecord) warmup for install.json: the driver,
+    the model as ``--model`` takes it (the vllm driver records its recipe inside ``model``),
+    and tp, serve args and model dir where the bake recorded them."""
+    model = bake.model.get("recipe") if isinstance(bake.model, Mapping) else bake.model
+    if bake.driver not in WARMUP_DRIVERS or not isinstance(model, str) or not _RECIPE_RE.match(model):
+        return {}
+    out = {"driver": bake.driver, "model": model}
+    if bake.tp is not None:
+        out["tp"] = bake.tp
+    if bake.serve_args:
+        out["serve_args"] = dict(bake.serve_args)
+    if bake.driver == "vllm":  # the reference the bake served from: in torch.compile's key
+        path = bake.model.get("path") if isinstance(bake.model, Mapping) else None
+        model_dir = path if isinstance(path, str) and path else bake.model_dir
+        if model_dir:
+            out["model_dir"] = model_dir
+    return out
+
+
+def _check_warmup(c: "schema.Checker", value) -> dict:
+    doc = c.obj(value, "warmup")
+    if not doc:
+        return {}
+    if doc.get("driver") not in WARMUP_DRIVERS:
+        c.fail("warmup.driver", f"must be one of {', '.join(WARMUP_DRIVERS)}")
+    unknown = sorted(set(doc) - {"driver", "model", "tp", "serve_args", "model_dir"})
+    if unknown:
+        c.fail("warmup", f"unknown key {unknown[0]!r}"[:120])
+    c.string(c.get(doc, "model", "warmup"), "warmup.model", pattern=_RECIPE_RE)
+    c.opt_int(doc.get("tp"), "warmup.tp", lo=1, hi=1024)
+    c.opt_str(doc.get("model_dir"), "warmup.model_dir", max_len=4096)
+    if doc.get("serve_args") is not None:
+        c.obj(doc["serve_args"], "warmup.serve_args")
+    return dict(doc)
 
 
 def check_tree(version_fd: int, marker: InstallMarker, limit: int = 20) -> list[str]:

@@ -13,15 +13,19 @@ model bakes the same way (its serve args then come from the caller).
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachebake.errors import BadInput
+from cachebake import jsonio
+from cachebake.errors import BadInput, InvalidDocument
 from cachebake.recipes.model_keys import mamba_hparams
 
 RECIPE_DIR = Path(__file__).resolve().parent
+# A model's config.json as cachebake reads it (a local model dir, the path an artifact records):
+# the largest published ones are tens of KB; this leaves room and still bounds a hostile one.
+CAP_MODEL_CONFIG = 16 << 20
 
 
 @dataclass
@@ -82,11 +86,7 @@ def mamba_shapes(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_family(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"cannot read recipe {path}: {e}") from e
-    return data
+    return jsonio.load_document(path, f"recipe {path}", CAP_MODEL_CONFIG, missing=BadInput)
 
 
 def _families() -> dict[str, Path]:
@@ -137,10 +137,14 @@ def _from_local(path: Path) -> Recipe:
     cfg_path = path / "config.json" if path.is_dir() else path
     if not cfg_path.is_file():
         raise BadInput(f"{path}: no config.json there")
+    # Strict and bounded (jsonio): the path may come from an artifact (serve-args reads the
+    # model dir a bake recorded), and a config nested 200,000 deep must not crash the reader.
+    # A Hugging Face snapshot's config.json links into blobs/: read what it names, as vLLM does.
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{cfg_path}: not a readable JSON config: {e}") from e
+        cfg = jsonio.load_document(os.path.realpath(cfg_path), "config.json", CAP_MODEL_CONFIG,
+                                   missing=BadInput)
+    except InvalidDocument as e:
+        raise BadInput(f"{cfg_path}: not a readable JSON config: {e.reason}") from None
     if not isinstance(cfg, dict) or not (cfg.get("architectures") or cfg.get("model_type")):
         raise BadInput(f"{cfg_path}: not a model config (no architectures / model_type)")
     ref = str(path.resolve())

@@ -15,12 +15,14 @@ applied, its modules imported only from ``ModuleAllowlist`` (cachebake.capture.k
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
-import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -31,7 +33,7 @@ from typing import Callable, Iterable
 from cachebake.capture.keys import ModuleAllowlist, entry_problems, kernel_problem
 from cachebake.capture.record import (RECORD_DOCUMENT, RECORD_MEDIA_TYPE, AutotuneSpec, CompileRecord,
                                       CompileSpec, shown)
-from cachebake.errors import BadInput, Unsupported
+from cachebake.errors import BadInput, Interrupted, Unsupported
 
 
 @dataclass
@@ -211,55 +213,107 @@ def compile_record(record: CompileRecord, target: str, cache_dir: os.PathLike | 
     same_build = record.triton_key is not None and record.triton_key == triton_build()["triton_key"]
     res.same_triton_build = same_build
     ctx = multiprocessing.get_context("spawn")  # a clean Triton per worker, whatever the parent imported
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=worker.init_worker,
-                             initargs=(cache_dir,)) as pool:
-        futures = {pool.submit(worker.compile_job, s.to_dict(), target, names): s for s in compiles}
-        launchers: dict[str, None] = {}
-        for n, fut in enumerate(as_completed(futures), 1):
-            spec, out = futures[fut], _result(fut, futures[fut].kernel.label)
-            res.compile_seconds += out.get("seconds", 0.0)
-            if not out["ok"]:
-                res.problems.append(out["problem"])
-                res.failed[spec.spec_id()] = out["problem"]
-                continue
-            if out["cache_hit"]:
-                res.already += 1
-            else:
-                res.compiled += 1
-            launchers[out["launcher"]] = None
-            done = copy.deepcopy(spec)
-            done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
-            res.replayed.append(done)
-            # The same Triton build must reproduce the recorded key; another build (version,
-            # wheel, Python tag) keys everything anew, which is what a rebuild is for.
-            if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
-                res.key_mismatches += 1
-                res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
-                                    f"({out['hash'][:12]} vs {shown(spec.hash[:12])}): {spec.label()}")
-            if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
-                progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=worker.init_worker,
+                               initargs=(cache_dir,))
+    try:
+        _run_pool(pool, worker, compiles, carry, target, names, res, same_build, progress)
+    except KeyboardInterrupt:
+        # The workers ignore SIGINT (worker.init_worker): this process stops them and says
+        # what was done; none of them prints a traceback.
+        _stop_pool(pool)
+        raise ReplayStopped(res) from None
+    pool.shutdown(wait=True)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+class ReplayStopped(KeyboardInterrupt):
+    """Ctrl-C while the workers compiled: ``result`` holds what they had finished."""
+
+    def __init__(self, result: CompileResult):
+        super().__init__()
+        self.result = result
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT held back (pending, not lost) while worker processes may be started: a worker
+    inherits the blocked mask through fork and exec, so a Ctrl-C cannot reach it while its
+    interpreter imports (where it would print a traceback), and ``init_worker`` ignores it
+    before unblocking.  This process gets its Ctrl-C when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started, end the workers (SIGTERM: their default action, no
+    traceback) and wait for them, so none outlives the command."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
         try:
+            proc.terminate()
+        except (OSError, ValueError):
+            pass
+    for proc in processes:
+        proc.join(timeout=30)
+
+
+def _run_pool(pool, worker, compiles, carry, target, names, res, same_build, progress) -> None:
+    """The pool's work: every entry, then the launcher helpers and the autotune results."""
+    with _sigint_blocked():
+        futures = {pool.submit(worker.compile_job, s.to_dict(), target, names): s for s in compiles}
+    launchers: dict[str, None] = {}
+    for n, fut in enumerate(as_completed(futures), 1):
+        spec, out = futures[fut], _result(fut, futures[fut].kernel.label)
+        res.compile_seconds += out.get("seconds", 0.0)
+        if not out["ok"]:
+            res.problems.append(out["problem"])
+            res.failed[spec.spec_id()] = out["problem"]
+            continue
+        if out["cache_hit"]:
+            res.already += 1
+        else:
+            res.compiled += 1
+        launchers[out["launcher"]] = None
+        done = copy.deepcopy(spec)
+        done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
+        res.replayed.append(done)
+        # The same Triton build must reproduce the recorded key; another build (version,
+        # wheel, Python tag) keys everything anew, which is what a rebuild is for.
+        if spec.target == target and spec.hash and out["hash"] != spec.hash and same_build:
+            res.key_mismatches += 1
+            res.problems.append(f"{spec.kernel.label}: key differs from the recorded one "
+                                f"({out['hash'][:12]} vs {shown(spec.hash[:12])}): {spec.label()}")
+        if progress is not None and (n == len(futures) or n % max(1, len(futures) // 10) == 0):
+            progress(f"replay {target}: {n}/{len(futures)} entries ({len(res.problems)} problems)")
+    try:
+        with _sigint_blocked():
             helper_futures = [pool.submit(worker.helper_job, worker.cuda_utils_source(), "cuda_utils")]
             helper_futures += [pool.submit(worker.helper_job, src, "__triton_launcher")
                                for src in launchers]
             tune_futures = [pool.submit(worker.autotune_job, t.to_dict(), target, names) for t in carry]
-        except BrokenProcessPool:
-            res.problems.append("launcher helpers and autotune results not written: a worker process died")
-            helper_futures, tune_futures = [], []
-        for fut in helper_futures:
-            out = _result(fut, "a launcher helper")
-            if not out["ok"]:
-                res.problems.append(out["problem"])
-            elif not out["cache_hit"]:
-                res.helpers_built += 1
-        for fut in tune_futures:
-            out = _result(fut, "an autotune result")
-            if out["ok"]:
-                res.autotune_carried += 1
-            else:
-                res.problems.append(out["problem"])
-    res.seconds = time.monotonic() - t0
-    return res
+    except BrokenProcessPool:
+        res.problems.append("launcher helpers and autotune results not written: a worker process died")
+        helper_futures, tune_futures = [], []
+    for fut in helper_futures:
+        out = _result(fut, "a launcher helper")
+        if not out["ok"]:
+            res.problems.append(out["problem"])
+        elif not out["cache_hit"]:
+            res.helpers_built += 1
+    for fut in tune_futures:
+        out = _result(fut, "an autotune result")
+        if out["ok"]:
+            res.autotune_carried += 1
+        else:
+            res.problems.append(out["problem"])
 
 
 def _result(fut, what: str) -> dict:
@@ -293,16 +347,24 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
            progress: Callable[[str], None] | None = None,
            allow_modules: Iterable[str] = ()) -> ReplayReport:
     """The whole of ``cachebake replay``: load, compile into a fresh cache, pack."""
-    from cachebake.artifact.pack import CacheRoot, pack_artifact
+    from cachebake.artifact.pack import CacheRoot, pack_artifact, work_dir_beside
 
     loaded = load_record(source)
     out_path = Path(out).absolute()
-    work = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.replay-",
-                                 dir=out_path.parent if out_path.parent.is_dir() else None))
+    # beside --out, locked while we live: what a killed replay leaves, the next pack removes
+    work, lock_fd = work_dir_beside(out_path, "replay")
+    result = None
     try:
         cache = work / "triton"
-        result = compile_record(loaded.record, target, cache, jobs=jobs, progress=progress,
-                                allow_modules=allow_modules)
+        try:
+            result = compile_record(loaded.record, target, cache, jobs=jobs, progress=progress,
+                                    allow_modules=allow_modules)
+        except ReplayStopped as e:
+            shutil.rmtree(work, ignore_errors=True)
+            r = e.result
+            raise Interrupted(f"replay for {r.target} stopped after {r.compiled + r.already} of "
+                              f"{r.planned} entries compiled (the partial cache holding them was "
+                              f"removed); nothing written: {out_path} is as it was") from None
         if result.problems and not partial:
             err = Unsupported(f"{len(result.problems)} record entries could not be replayed for "
                               f"{result.target}; nothing written (--partial packs the rest)\n"
@@ -321,8 +383,21 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
         return ReplayReport(loaded.source, str(out_path), result,
                             {"manifest_digest": packed.manifest_digest, "targets": packed.targets,
                              "layer_digest": packed.manifest.layer.digest})
+    except Interrupted as e:  # pack's: it says what --out holds
+        if result is None or e.state.startswith("replay for"):
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+        raise Interrupted(f"replay for {result.target}: all {len(result.replayed)} entries compiled, "
+                          f"then the pack was stopped (the compiled cache was removed): {e.state}") from None
+    except KeyboardInterrupt:  # between the compiles and the pack
+        shutil.rmtree(work, ignore_errors=True)
+        done = (f"{len(result.replayed)} entries compiled for {result.target}" if result is not None
+                else "stopped before anything was compiled")
+        raise Interrupted(f"replay {done} (removed, nothing packed); nothing written: "
+                          f"{out_path} is as it was") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(lock_fd)
 
 
 def serving_fingerprint(loaded: LoadedRecord, target: str, gpu_name: str | None) -> dict:

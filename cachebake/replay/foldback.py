@@ -48,7 +48,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +134,7 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
                 allow_modules: Iterable[str] = ()) -> FoldReport:
     """``allow_modules``: modules the logged records may name beyond the kernel packages
     cachebake bakes and the modules of the base's own compile record."""
-    from cachebake.artifact.pack import CacheRoot, pack_artifact
+    from cachebake.artifact.pack import CacheRoot, pack_artifact, work_dir_beside
     from cachebake.artifact.reader import open_source
 
     started = time.monotonic()
@@ -157,8 +156,9 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
                         log_lines={"lines": merged.lines, "unreadable": merged.unreadable,
                                    "foreign": merged.foreign, "malformed": merged.malformed,
                                    "skipped_files": merged.skipped})
-    work = Path(tempfile.mkdtemp(prefix=".cachebake-fold-",
-                                 dir=_writable_parent(Path(out).absolute().parent)))
+    _writable_parent(Path(out).absolute().parent)
+    # beside --out, locked while we live: what a killed fold leaves, the next pack removes
+    work, lock_fd = work_dir_beside(Path(out).absolute(), "fold")
     try:
         root = work / "root"
         _extract_base(source, bake, root)
@@ -187,6 +187,7 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
                                layer_root=manifest.layer_root, fingerprint_from=manifest.fingerprint.to_json())
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(lock_fd)
     report.layer_digest = packed.manifest.layer.digest
     report.manifest_digest = packed.manifest_digest
     report.seconds = round(time.monotonic() - started, 3)

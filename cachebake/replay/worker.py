@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sysconfig
 import tempfile
@@ -54,7 +55,14 @@ def init_worker(cache_dir: str) -> None:
     --overlay``'s variables are set would otherwise send every entry to that overlay, not into
     ``cache_dir``).  Nothing else of the environment changes: a record's variables are never
     applied.  The worker's stdout goes to stderr: the caller's stdout may be one JSON document
-    (``--json``), and an imported kernel module or Triton may print."""
+    (``--json``), and an imported kernel module or Triton may print.
+
+    Ctrl-C is the parent's to handle (it stops the workers and says what was done): a worker
+    starts with SIGINT blocked (``engine._sigint_blocked``), ignores it here, then unblocks it,
+    dropping one that arrived while it started.  SIGTERM keeps its default: the parent's way
+    to stop a worker, silently."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     os.environ.pop("TRITON_CACHE_MANAGER", None)
     os.dup2(2, 1)

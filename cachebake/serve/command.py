@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebake import roles as roles_mod
-from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, shorten
 # The rules on what an artifact may set in a server's environment live with the one function
 # that builds it (cachebake.install.environment); ENV_NAME and check_env re-exported for readers.
 from cachebake.install.environment import ENV_NAME, BakeFacts, ServerLayout, check_env, server_env  # noqa: F401
@@ -213,8 +213,7 @@ def serve_command(facts: BakeFacts | dict, root: str | None = None,
 
 def _shown(text: object, limit: int = 200) -> str:
     """A value from a manifest, fit for one line of a note (``one_line``), and short."""
-    s = one_line(text)
-    return s if len(s) <= limit else s[:limit] + "..."
+    return shorten(one_line(text), limit, keep=limit)
 
 
 def identity_notes(bake: dict[str, Any], model: str, env: dict[str, str]) -> list[str]:

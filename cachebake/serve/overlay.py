@@ -35,7 +35,7 @@ import threading
 import uuid
 from typing import Optional
 
-from cachebake.fsops import DIR_FLAGS, write_all
+from cachebake.fsops import DIR_FLAGS, read_at_most, write_all
 from cachebake.roles import OVERLAY_ENV
 
 ROLE = "triton"  # the overlay mirrors an installed tree: <overlay>/triton/<KEY>/...
@@ -111,19 +111,8 @@ def dir_problem(st: os.stat_result, uid: int) -> Optional[str]:
 
 def read_bounded(fd: int, size: int) -> bytes:
     """The first ``size`` bytes of ``fd`` (fewer if it shrank): never more, whatever the file
-    does meanwhile.  One read(2) for a regular file, in the common case."""
-    data = os.read(fd, size)
-    if len(data) < size:
-        chunks = [data]
-        total = len(data)
-        while total < size:
-            chunk = os.read(fd, size - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        data = b"".join(chunks)
-    return data
+    does meanwhile (``fsops.read_at_most``)."""
+    return read_at_most(fd, size)
 
 
 def open_private_dir(parent_fd: int, name: str, uid: int, create: bool) -> int:

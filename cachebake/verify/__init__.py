@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from cachebake.bake.rounds import (Driver, RoundProgress, RoundReport, check_rou
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
 from cachebake.vllm.identity import outcome_from_log, outcome_problem
-from cachebake.errors import BadInput, CompilesSeen, Interrupted
+from cachebake.errors import BadInput, CompilesSeen, Interrupted, InvalidDocument, Unsupported
 from cachebake.install.atomic import InstallDir
 from cachebake.roles import overlay_env
 from cachebake.serve import READS_ENV
@@ -100,6 +101,17 @@ def installed_roles(cache: os.PathLike | str) -> list[str]:
         raise BadInput(f"{cache}: no cache roles here (expected one of "
                        f"{', '.join(r + '/' for r in ALL_ROLES)})")
     return found
+
+
+def installed_warmup(cache: os.PathLike | str) -> dict:
+    """The warmup of the bake installed at ``cache`` (install.json's ``warmup``: driver, model,
+    tp, serve_args, model_dir), which `verify` runs when given neither --model nor a command;
+    {} where the install recorded none (a command bake, a bake root, an older install)."""
+    cache = os.path.abspath(os.fspath(cache))
+    if not os.path.isdir(cache):
+        return {}
+    marker = InstallDir(cache).installed()
+    return dict(marker.warmup) if marker else {}
 
 
 def verify(driver: Driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | None = None,
@@ -191,7 +203,50 @@ def check_only(cache: os.PathLike | str, *, artifact: str | None = None, target:
     else:
         identity = compile_check.identity_from_tree(vllm_root)
         source = f"vLLM's own files in {vllm_root}"
-    return compile_check.check_serving(identity, source=source, model=model_ref,
-                                       server_argv=server_argv, baked_serve_args=baked_args,
-                                       cache_root=vllm_root, baked_config_sha256=config_sha,
-                                       startup_plan=plan)
+    check_identity_shape(identity, "bake manifest" if artifact is not None else "cache_key_factors.json")
+    try:
+        return compile_check.check_serving(identity, source=source, model=model_ref,
+                                           server_argv=server_argv, baked_serve_args=baked_args,
+                                           cache_root=vllm_root, baked_config_sha256=config_sha,
+                                           startup_plan=plan)
+    except ModuleNotFoundError as e:  # the check runs vLLM's own code: no vLLM, no check
+        top = (e.name or "").partition(".")[0]
+        if top not in SERVING_MODULES:
+            raise
+        raise Unsupported(f"verify --check-only needs vllm in this interpreter ({sys.executable}): "
+                          f"{top} is not installed",
+                          hint="run it in the serving image, with the server's vLLM") from None
+
+
+# What ``--check-only`` imports from the serving environment (vLLM and what vLLM imports).
+SERVING_MODULES = frozenset({"vllm", "torch", "transformers", "huggingface_hub"})
+
+# The compile identity's fields ``compile_check`` reads, by the JSON type each must have: a
+# record is data from an artifact, and a list where an object belongs is a malformed record
+# (exit 5), not a crash of the comparison.
+_IDENTITY_FIELDS = {
+    dict: ("env_factors", "path_factors", "set_factors", "roots", "model", "engine_args",
+           "config_parts", "compiler_factors", "engine"),
+    list: ("traced_files", "aot", "backend_dirs"),
+    str: ("vllm_version", "env_hash", "config_hash", "code_hash", "compiler_hash"),
+}
+_JSON_TYPE = {dict: "an object", list: "a list", str: "a string"}
+
+
+def check_identity_shape(identity: dict, document: str) -> None:
+    """InvalidDocument (exit 5) naming the first field of ``identity`` whose JSON type is not
+    the one ``compile_check`` reads it as (absent and null fields are fine)."""
+    from cachebake.vllm.serveargs import IDENTITY_KEY
+
+    where = f"bake.{IDENTITY_KEY}"
+    for kind, names in _IDENTITY_FIELDS.items():
+        for name in names:
+            value = identity.get(name)
+            if value is not None and not isinstance(value, kind):
+                raise InvalidDocument(document, f"{where}.{name}", f"is not {_JSON_TYPE[kind]}")
+    for key, root in (identity.get("roots") or {}).items():
+        if not isinstance(root, str):
+            raise InvalidDocument(document, f"{where}.roots.{key}", "is not a string")
+    for part, entry in (identity.get("config_parts") or {}).items():
+        if entry is not None and not isinstance(entry, dict):
+            raise InvalidDocument(document, f"{where}.config_parts.{part}", "is not an object")

@@ -36,6 +36,7 @@ from typing import Any
 from cachebake.vllm import identity as vi
 from cachebake.vllm.versions import STARTUP_PLAN_DIR, STARTUP_PLAN_UNKEYED, aot_hash_of_reprs, scheme_for
 from cachebake.errors import BadInput, PreflightMismatch
+from cachebake.errors import shorten
 from cachebake.vllm.serveargs import (BAKE_ONLY, DRIVER_OWNED, IDENTITY_KEY, parse_serve_args,
                                  serve_args_to_flags)
 
@@ -73,7 +74,7 @@ class Difference:
 def _short(value: Any, limit: int = 160) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= limit else text[:limit] + "..."
+    return shorten(text, limit, keep=limit)
 
 
 @dataclass

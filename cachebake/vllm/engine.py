@@ -71,7 +71,7 @@ from cachebake.vllm.request_plan import (EngineLimits, RequestBatch, limits_from
                                          limits_from_vllm_config, plan_digest, plan_requests,
                                          plan_summary)
 from cachebake.errors import BadInput, CommandFailed
-from cachebake.recipes import Recipe
+from cachebake.recipes import CAP_MODEL_CONFIG, Recipe
 from cachebake.roles import ROLE_ENV
 from cachebake.vllm.serveargs import (BAKE_ONLY, IDENTITY_KEY, model_reference, resolve,
                                  serve_args_to_flags, validate_serve_args)
@@ -126,10 +126,8 @@ def _write_config(recipe: Recipe, d: Path, remedy: str) -> None:
     path = d / "config.json"
     data = config_bytes(recipe.hf_config)
     if path.exists():
-        try:
-            existing = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{path} exists and is not readable JSON: {e}") from e
+        existing = jsonio.load_document(os.path.realpath(path), str(path), CAP_MODEL_CONFIG,
+                                        missing=BadInput)
         if existing != recipe.hf_config:
             raise BadInput(f"{path} already holds a different config; bake into an empty directory "
                            + remedy)

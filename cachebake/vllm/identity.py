@@ -363,7 +363,7 @@ def read_probe(path: os.PathLike | str) -> list[dict[str, Any]]:
     for line in data.splitlines():
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a torn or foreign line
             continue
         if isinstance(rec, dict) and rec.get("event") in ("backend", "aot_load"):
             out.append(rec)

@@ -21,7 +21,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from cachebake.errors import BadInput
+from cachebake.errors import BadInput, CachebakeError
+from cachebake.jsonio import parse_json
 
 # Set by the driver, never by serve args: the bake needs them, the server must not copy them.
 DRIVER_OWNED = ("model", "load_format", "skip_tokenizer_init")
@@ -87,8 +88,8 @@ def _scalar(text: str) -> Any:
             pass
     if text[:1] in "{[":
         try:
-            return json.loads(text)
-        except ValueError:
+            return parse_json(text, "a serve-args value")
+        except CachebakeError:  # not strict JSON (or nested past jsonio's limit): the text
             pass
     return text
 
@@ -101,9 +102,9 @@ def parse_serve_args(text: str) -> dict[str, Any]:
         return {}
     if text.startswith("{"):
         try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise BadInput(f"--serve-args is not valid JSON: {e}") from e
+            data = parse_json(text, "--serve-args")
+        except CachebakeError as e:
+            raise BadInput(f"--serve-args is not valid JSON: {e.line()}") from None
         if not isinstance(data, dict):
             raise BadInput("--serve-args JSON must be an object")
         return data

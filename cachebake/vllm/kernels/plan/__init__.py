@@ -18,7 +18,6 @@ this module is pure data: no vllm, no torch.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from cachebake.errors import BadInput
@@ -41,6 +40,7 @@ GPU_CLASSES: dict[str, dict[str, Any]] = {
     "h100": {"gpu_name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.2, "capability": [9, 0]},
 }
 DEFAULT_GPU = "h200"
+MAX_PLAN_BYTES = 4 << 20  # a plan file (`cachebake plan --json`): a few KB
 
 
 def gpu_target(spec: str | float | int | None) -> dict[str, Any]:
@@ -94,15 +94,16 @@ def check_plan(plan: Any, where: str = "plan") -> dict[str, Any]:
 
 def read_plan(path: str) -> dict[str, Any]:
     """A plan JSON file (``cachebake plan --json`` output or a bake record's ``plan``)."""
-    from cachebake.errors import from_os_error
+    import os
 
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise from_os_error(e, path) from e
-    except ValueError as e:
-        raise BadInput(f"{path}: not JSON: {e}") from e
+    from cachebake.errors import InvalidDocument
+    from cachebake.jsonio import load_document
+
+    try:  # the user named it, links included; FIFOs and devices refused, bounded and strict
+        data = load_document(os.path.realpath(path), f"engine plan {path}", MAX_PLAN_BYTES,
+                             missing=BadInput)
+    except InvalidDocument as e:
+        raise BadInput(f"{path}: not JSON: {e.reason}") from None
     if isinstance(data, dict) and "plan" in data and "format" not in data:
         data = data["plan"]  # a `cachebake plan --json` report, or a bake record
     return check_plan(data, path)

@@ -24,7 +24,7 @@ import os
 import tempfile
 from typing import Any, Iterator
 
-from cachebake.errors import BadInput, Unsupported
+from cachebake.errors import BadInput, Unsupported, shorten
 from cachebake.vllm.versions import uses_v2_runner
 
 GiB = 1 << 30
@@ -235,8 +235,7 @@ def _engine_config(hf_config: dict[str, Any], serve_args: dict[str, Any], model_
 
 
 def one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text[:400] or type(e).__name__
+    return shorten(" ".join(str(e).split()), 400, keep=400, mark="") or type(e).__name__
 
 
 _DIST_INIT = False

@@ -181,10 +181,10 @@ def installer_image(engines, cachebake_wheel, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def standin_server(engines, serving_cachebake, tmp_path_factory) -> str:
-    """The serving image with a stand-in `vllm` (tests/standin_vllm.py): `vllm serve MODEL ...`
+    """The serving image with a stand-in `vllm` (tests/kit/standin_vllm.py): `vllm serve MODEL ...`
     checks the model is there and verifies the cache, then stays up as a server does."""
     ctx = tmp_path_factory.mktemp("standin")
-    shutil.copy2(REPO / "tests" / "standin_vllm.py", ctx / "vllm")
+    shutil.copy2(REPO / "tests" / "kit" / "standin_vllm.py", ctx / "vllm")
     (ctx / "vllm").chmod(0o755)  # COPY keeps the mode (COPY --chmod is newer than dockerd 20.10)
     (ctx / "Dockerfile").write_text(f"FROM {serving_cachebake}\nCOPY vllm /usr/local/bin/vllm\n")
     return engines.build(ctx, f"{engines.registry}/cachebake-ci/standin-server:test")

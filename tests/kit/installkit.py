@@ -16,7 +16,7 @@ import pytest
 
 import badlayers
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 KERNELS = Path(__file__).resolve().parent / "aot_kernels.py"
 
 

@@ -9,8 +9,8 @@ before a launch -- specialization, keys, compiles, autotune configs and result f
 Triton's own code.  This is a mock of the CUDA runtime only; it is here because nothing real
 can load a cubin without a GPU.
 
-``python tests/jit_launch.py --arch 90`` runs one "warmup": launches of the kernels in
-tests/replay_kernels.py (plain, a jit function as constexpr, autotuned), for a bake test.
+``python tests/kit/jit_launch.py --arch 90`` runs one "warmup": launches of the kernels in
+tests/kit/replay_kernels.py (plain, a jit function as constexpr, autotuned), for a bake test.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = TESTS.parent.parent
 # The test modules that define kernels (or import them from their own dir), and so must be
 # imported from one place by every process of a session.
 KERNEL_MODULES = ("aot.py", "aot_kernels.py", "replay_kernels.py", "compile_worker_job.py",
@@ -103,7 +103,7 @@ def serve_env(base: os.PathLike | str, overlay: os.PathLike | str | None = None,
 
 
 def run_server(specs, env: dict, runner=None, timeout: float = 300, **flags) -> dict:
-    """Compile ``specs`` (tests/aot.py SPECS entries) in a fresh process; its JSON report plus
+    """Compile ``specs`` (tests/kit/aot.py SPECS entries) in a fresh process; its JSON report plus
     ``stderr`` and ``rc``.  ``runner``: e.g. conftest.as_nobody; ``timeout``: seconds before
     subprocess.TimeoutExpired (a hang fails the test)."""
     argv = [sys.executable, "-c", child_code(specs, **flags)]

@@ -1,7 +1,7 @@
 """Compile a few real Triton kernels for sm_90 without a GPU and report hits and misses.
 
 Run as a script in a fresh process (TRITON_CACHE_DIR is read when Triton starts):
-    TRITON_CACHE_DIR=... python tests/aot_kernels.py  ->  {"hits": n, "misses": n, "keys": [...]}
+    TRITON_CACHE_DIR=... python tests/kit/aot_kernels.py  ->  {"hits": n, "misses": n, "keys": [...]}
 The tests bake with it, then run it again against an installed cache: same kernels, same
 signature/constexprs/attrs/target, so every compile must be a cache hit.
 """

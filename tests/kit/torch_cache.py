@@ -2,8 +2,8 @@
 
 Run by the vllm venv's interpreter (torch + vLLM), never imported by the main suite:
 
-    python tests/torch_cache.py generate ROOT    # fills ROOT/vllm like vLLM 0.24 does
-    python tests/torch_cache.py load ROOT --handle {0.24,0.33}   # prints one JSON line
+    python tests/kit/torch_cache.py generate ROOT    # fills ROOT/vllm like vLLM 0.24 does
+    python tests/kit/torch_cache.py load ROOT --handle {0.24,0.33}   # prints one JSON line
 
 ``generate`` compiles a small graph with Inductor (``standalone_compile`` under Dynamo, as
 vLLM's InductorStandaloneAdaptor does), saves it with ``CompiledArtifact.save(format=
