@@ -129,7 +129,7 @@ def test_a_round_boots_the_real_engine(tmp_path):
     import json
     import sys
 
-    from cachebake.vllm.engine import run_round
+    from cachebake.vllm.engine import run_engine_round
     from cachebake.errors import CommandFailed
     from cachebake.recipes import load_recipe
 
@@ -145,7 +145,7 @@ def test_a_round_boots_the_real_engine(tmp_path):
                   "dtype": "float32"}
     env = {k: v for k, v in os.environ.items()}
     try:
-        report = run_round(recipe, serve_args, model_dir=tmp_path / "model", env=env,
+        report = run_engine_round(recipe, serve_args, model_dir=tmp_path / "model", env=env,
                            workdir=tmp_path / "work", python=sys.executable, timeout=400)
     except CommandFailed as e:
         log = (tmp_path / "work" / "vllm.log").read_text(errors="replace")

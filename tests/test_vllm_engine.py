@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from cachebake.cli import main
 from cachebake.vllm.engine import (OFFLINE_ENV, bake_environment, bake_record,
-                                           engine_kwargs, generate_at_once, run_round,
+                                           engine_kwargs, generate_at_once, run_engine_round,
                                            write_model_dir)
 from cachebake.vllm.request_plan import (SAMPLING_KINDS, TOPP_KERNEL_ROWS, EngineLimits,
                                          decode_sizes, default_capture_sizes,
@@ -285,11 +285,11 @@ def test_round_without_vllm_fails_with_the_childs_error(tmp_path):
         pass
     r = load_recipe("nemotron-h")
     with pytest.raises(CommandFailed, match="vllm"):
-        run_round(r, r.serve_args, model_dir=tmp_path / "m", env={"PATH": "/usr/bin:/bin"},
+        run_engine_round(r, r.serve_args, model_dir=tmp_path / "m", env={"PATH": "/usr/bin:/bin"},
                   workdir=tmp_path / "w", python=sys.executable)
     assert json.loads((tmp_path / "w" / "spec.json").read_text())["engine_kwargs"]["load_format"] == "dummy"
     with pytest.raises(BadInput, match="enforce_eager"):
-        run_round(r, {"enforce_eager": True}, model_dir=tmp_path / "m", env={}, workdir=tmp_path / "w")
+        run_engine_round(r, {"enforce_eager": True}, model_dir=tmp_path / "m", env={}, workdir=tmp_path / "w")
 
 
 def test_prepare_merges_recipe_serve_args_tp_and_model_dir(tmp_path):

@@ -15,7 +15,7 @@ vLLM's startup runs its own warmups (profile run, JIT warmup registry, CUDA grap
 the plan from ``vllm_plan.plan_requests`` drives what only traffic reaches.  Each round is one
 fresh process, so in-memory caches never hide a disk miss: ``run_warmup`` is the round body that
 ``cachebake build --driver vllm`` starts (``drivers.registry``), under the compile monitor, until
-a round compiles nothing; ``run_round`` runs one round as a child process on its own
+a round compiles nothing; ``run_engine_round`` runs one round as a child process on its own
 (``python -m cachebake.vllm.engine SPEC REPORT``).
 
 Nothing here fakes the engine: without vLLM (or without a GPU) a round fails with the child's
@@ -269,10 +269,12 @@ def bake_record(recipe: Recipe, serve_args: dict[str, Any], model_dir: str,
     return rec
 
 
-def run_round(recipe: Recipe, serve_args: dict[str, Any], *, model_dir: os.PathLike | str,
-              env: dict[str, str], workdir: os.PathLike | str, python: str = sys.executable,
-              timeout: float | None = None) -> VllmRoundReport:
-    """Run one bake round in a fresh process; raise CommandFailed with the log's tail if it fails."""
+def run_engine_round(recipe: Recipe, serve_args: dict[str, Any], *, model_dir: os.PathLike | str,
+                     env: dict[str, str], workdir: os.PathLike | str, python: str = sys.executable,
+                     timeout: float | None = None) -> VllmRoundReport:
+    """Run one engine round in a fresh process, outside ``build`` (the tests' and benches' way to
+    drive the engine alone; ``build``'s rounds are cachebake.bake.rounds.run_round's); raise
+    CommandFailed with the log's tail if it fails."""
     validate_serve_args(serve_args)
     mdir = write_model_dir(recipe, model_dir, revision=serve_args.get("revision"))
     work = Path(workdir)
@@ -490,7 +492,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 
 def child_main(spec_path: str, report_path: str) -> int:
-    """``run_round``'s child: runs inside the bake environment, writes the report."""
+    """``run_engine_round``'s child: runs inside the bake environment, writes the report."""
     spec = json.loads(Path(spec_path).read_text())
     result = warmup(spec["engine_kwargs"], spec["hf_config"], spec["serve_args"], spec.get("probe"))
     _write_json(report_path, result.to_dict())
@@ -498,7 +500,7 @@ def child_main(spec_path: str, report_path: str) -> int:
 
 
 __all__ = ["EngineLimits", "RequestBatch", "VllmRoundReport", "bake_record", "engine_kwargs",
-           "generate_at_once", "limits_from_serve_args", "plan_requests", "plan_summary", "run_round",
+           "generate_at_once", "limits_from_serve_args", "plan_requests", "plan_summary", "run_engine_round",
            "run_warmup", "write_model_dir"]
 
 if __name__ == "__main__":
