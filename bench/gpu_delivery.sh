@@ -232,6 +232,17 @@ EOF
 }
 
 setup || exit 1
+# The Pods mount an emptyDir at /tmp (HOME and scratch of a read-only root), which hides what the
+# "image" keeps under /tmp: vLLM (/tmp/v34site) and cachebake's deps (/tmp/site) move beside it
+# (hard links: seconds).  The 2026-12-03 run failed on exactly this: no vllm, no zstandard.
+for v in VSITE SITE; do
+  p=${!v}
+  case $p in /tmp/*)
+    d=$G/img/$(basename "$p")
+    [ -d "$d" ] || cp -al "$p" "$d" 2>/dev/null || cp -a "$p" "$d" || exit 1
+    printf -v "$v" %s "$d" ;;
+  esac
+done
 image_on
 case $STAGE in
 setup) ;;
