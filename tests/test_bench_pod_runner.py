@@ -58,10 +58,17 @@ def image(tmp_path_factory):
     (d / "bin" / "cachebake").write_text(f"#!{sys.executable}\nimport sys\nfrom cachebake.cli import main\n"
                                          "sys.exit(main())\n")
     shutil.copy2(REPO / "docker" / "cachebake-init.sh", d / "cachebake-init.sh")
+    kernels = servekit.kernels_dir()
+    if Path(kernels).resolve().is_relative_to("/tmp"):
+        # A checkout under /tmp (a CI clone) is hidden inside the Pods by their /tmp emptyDir, as
+        # an image's own files would be: the test kernels travel with the image's other files.
+        # (Their keys hold no path; the bake is made from this same copy: bake fixture.)
+        shutil.copytree(kernels, d / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+        kernels = d / "kernels"
     for p in d.rglob("*"):
         p.chmod(0o755 if p.is_dir() or p.parent.name == "bin" or p.suffix == ".sh" else 0o644)
     env = {"PATH": f"{d / 'bin'}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-           "PYTHONPATH": str(d / "lib"), "CACHEBAKE_STANDIN_KERNELS": str(servekit.kernels_dir())}
+           "PYTHONPATH": str(d / "lib"), "CACHEBAKE_STANDIN_KERNELS": str(kernels)}
     yield {"dir": d, "env": env, "entrypoint": ["/bin/sh", str(d / "cachebake-init.sh")]}
     shutil.rmtree(d, ignore_errors=True)
 
