@@ -76,7 +76,7 @@ def merge_artifacts(sources: list[os.PathLike | str], out: os.PathLike | str,
             with art.open_layer(ref) as reader:  # digest and size, at EOF
                 while reader.read(_CHUNK):
                     pass
-            if ref.manifest.record:
+            if _has_record(art, ref):
                 art.read_json_blob(ref.manifest.record)  # digest-checked
             chosen[key] = (os.fspath(src), art, desc, ref)
     outcome = _Outcome(out)
@@ -87,6 +87,13 @@ def merge_artifacts(sources: list[os.PathLike | str], out: os.PathLike | str,
         raise Interrupted(outcome.left()) from None
     except OSError as e:
         raise from_os_error(e, out, "cannot write the artifact", hint=outcome.left()) from None
+
+
+def _has_record(art: oci.Artifact, ref: oci.BakeRef) -> bool:
+    """Whether the bake's compile record is there to carry.  A bake pulled from a registry has
+    none (skopeo copies an image's config and layers, not the record the manifest names), and
+    install reads such a bake without it: the merged artifact is then as the pull left it."""
+    return bool(ref.manifest.record) and os.path.lexists(oci.blob_path(art.layout, ref.manifest.record["digest"]))
 
 
 def _copy_verified(layout: Path, desc: dict, target: Path) -> None:
@@ -119,7 +126,7 @@ def _write(out: Path, chosen, outcome: _Outcome, step: _Steps) -> MergeReport:
         entries, summaries = [], {}
         for key, (src, art, desc, ref) in sorted(chosen.items()):
             manifest = art.read_json_blob(desc, f"blob {desc['digest'][:19]} (image manifest)")
-            extra = [ref.manifest.record] if ref.manifest.record else []
+            extra = [ref.manifest.record] if _has_record(art, ref) else []
             for d in (desc, manifest["config"], *manifest["layers"], *extra):
                 uses[d["digest"]] = uses.get(d["digest"], 0) + 1
                 target = oci.blob_path(tmp, d["digest"])
