@@ -15,7 +15,7 @@ import pytest
 from cachebake.vllm.kernels.driver import check_plan_matches
 from cachebake.errors import BadInput, ExitCode
 from cachebake.vllm.kernels.plan import PLAN_SECTIONS, SPEC_NGRAM, check_plan, gpu_target, read_plan
-from cachebake.vllm.kernels.plan.store import TP_SIZES, combinations, load_store, stored_plan
+from cachebake.vllm.kernels.plan.store import TP_SIZES, combinations, load_store, normalized_args, stored_plan
 from cachebake.recipes import list_recipes, load_recipe
 from cachebake.recipes.model_keys import state_dtypes
 
@@ -80,6 +80,23 @@ def test_stored_plan_lookup_is_exact():
     assert stored_plan(r, r.serve_args, gpu="h100") is None  # stored for the H200 class
     spec = {**r.serve_args, "speculative_config": dict(SPEC_NGRAM)}
     assert stored_plan(r, spec)["spec"]["num_speculative_tokens"] == 3
+
+
+def test_stored_plan_counts_its_vllms_default_as_unset():
+    """The stored plans were computed by vLLM 0.33 with gpu_memory_utilization unset, i.e. its
+    0.92; the recipes now set 0.92 (vLLM 0.34's default OOMs Mamba2 prefill): the same plan."""
+    r = load_recipe("nemotron-h")
+    assert r.serve_args["gpu_memory_utilization"] == 0.92
+    plan = stored_plan(r, r.serve_args)
+    assert plan["vllm_version"] == "0.33.0" and "gpu_memory_utilization" not in plan["serve_args"]
+    assert "gpu_memory_utilization 0.92" in plan["kv_cache"]["kv_cache_bytes_source"]
+    unset = {k: v for k, v in r.serve_args.items() if k != "gpu_memory_utilization"}
+    assert stored_plan(r, unset) is plan or stored_plan(r, unset) == plan
+    assert stored_plan(r, {**r.serve_args, "gpu_memory_utilization": 0.8}) is None
+    # a plan computed by 0.34 (no fixed default) keeps the value: set and unset differ there
+    assert normalized_args({"gpu_memory_utilization": 0.92, "x": None}, "0.34.0") == {"gpu_memory_utilization": 0.92}
+    assert normalized_args({"gpu_memory_utilization": 0.92, "x": None}, "0.33.0") == {}
+    assert normalized_args({"gpu_memory_utilization": 0.92}) == {"gpu_memory_utilization": 0.92}
 
 
 def test_gpu_targets():

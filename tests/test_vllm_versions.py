@@ -164,3 +164,11 @@ def test_a_034_tree_is_read_with_its_own_version(tmp_path):
     report = compare(ident, server, source="tree", model=None, cache_root=str(tmp_path / "vllm"))
     assert report.ok, [x.line() for x in report.differences]
     assert "backend_dirs" not in report.predicted
+
+
+def test_serve_arg_defaults_follow_the_release():
+    from cachebake.vllm.versions import serve_arg_defaults
+
+    # 0.24 config/cache.py:67 and 0.33 config/cache.py:215: Field(default=0.92); 0.34: None
+    assert serve_arg_defaults("0.24.0") == serve_arg_defaults("0.33.0") == {"gpu_memory_utilization": 0.92}
+    assert serve_arg_defaults("0.34.0") == {} and serve_arg_defaults("0.35.1") == {}

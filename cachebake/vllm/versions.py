@@ -324,6 +324,15 @@ def gpu_memory_utilization(cache_config: Any) -> float:
     return float(resolved if resolved is not None else cache_config.gpu_memory_utilization)
 
 
+def serve_arg_defaults(version: str | None) -> dict[str, Any]:
+    """The serve args vLLM ``version`` fills in with a fixed value when they are unset: set to
+    that value they are the same as unset, for a plan that version computed.  Before 0.34
+    ``CacheConfig.gpu_memory_utilization`` defaulted to 0.92 (0.24 config/cache.py:67, 0.33
+    config/cache.py:215); 0.34 has no fixed default (None, resolved at start to 1.0 with the
+    extensible KV cache: config/cache.py:216-227, 495-501)."""
+    return {} if version_tuple(version) >= (0, 34) else {"gpu_memory_utilization": 0.92}
+
+
 # The first vLLM release of each scheme, newest first (read from each release's source).
 SCHEMES: tuple[tuple[tuple[int, ...], CompileHashes], ...] = (
     ((0, 34), FactorDicts()),

@@ -93,7 +93,8 @@ def check_plan_serve_args(args: dict[str, Any], plan: dict[str, Any], where: str
     tells the server to start with these args.  Unset and absent are the same (vLLM's default)."""
     from cachebake.vllm.kernels.plan.store import normalized_args
 
-    want, got = normalized_args(args), normalized_args(plan.get("serve_args") or {})
+    version = plan.get("vllm_version")
+    want, got = normalized_args(args, version), normalized_args(plan.get("serve_args") or {}, version)
     if want != got:
         diff = ", ".join(f"{k} {got.get(k)!r} (plan) vs {want.get(k)!r} (bake)"
                          for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k))

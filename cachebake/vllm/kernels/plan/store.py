@@ -43,9 +43,15 @@ def combinations(recipe) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"tp={tp},prefix={prefix},spec={'ngram' if spec else 'off'}", args
 
 
-def normalized_args(args: dict[str, Any]) -> dict[str, Any]:
-    """Serve args as a plan is matched by: unset (None) is vLLM's default, the same as absent."""
-    return {k: v for k, v in args.items() if v is not None}
+def normalized_args(args: dict[str, Any], vllm_version: str | None = None) -> dict[str, Any]:
+    """Serve args as a plan is matched by: unset (None) is vLLM's default, the same as absent,
+    and so is a value equal to the fixed default of the vLLM that computed the plan
+    (``vllm_version``; versions.serve_arg_defaults)."""
+    from cachebake.vllm.versions import serve_arg_defaults
+
+    defaults = serve_arg_defaults(vllm_version) if vllm_version else {}
+    return {k: v for k, v in args.items()
+            if v is not None and not (k in defaults and v == defaults[k])}
 
 
 def load_store(family: str) -> dict[str, Any] | None:
@@ -64,10 +70,13 @@ def stored_plan(recipe, serve_args: dict[str, Any], gpu: str | None = None) -> d
     if not store:
         return None
     target = gpu_target(gpu)
-    want = normalized_args(serve_args)
     for entry in store.get("variants", {}).get(recipe.variant, {}).values():
         plan = entry.get("plan")
-        if plan and normalized_args(plan["serve_args"]) == want and _same_target(plan["target"], target):
+        if not plan:
+            continue
+        version = plan.get("vllm_version")
+        if (normalized_args(plan["serve_args"], version) == normalized_args(serve_args, version)
+                and _same_target(plan["target"], target)):
             return check_plan(plan, str(plan_file(recipe.name)))
     return None
 
