@@ -64,3 +64,25 @@ def test_inspect_reads_it(bake034):
     r = cli("inspect", art, "--json")
     assert r.returncode == 0, r.stderr
     assert "cuda:90" in r.stdout
+
+
+def test_install_does_not_warn_about_the_startup_plan_variable_the_rounds_set(bake034):
+    """The fingerprint records the bake process's VLLM_* variables (none here); the driver set
+    VLLM_ENABLE_STARTUP_PLAN=1 in its rounds and serve-args exports it: the same route, no
+    warning (the H200 Pods' installer warned on it, 2026-12-03)."""
+    import dataclasses
+
+    from cachebake.artifact.fingerprint import compare_vllm_env
+    from cachebake.install import preflight
+
+    _, manifest = bake034
+    baked, bake = manifest.fingerprint, manifest.bake.to_json()
+    assert "VLLM_ENABLE_STARTUP_PLAN" not in baked.vllm_env and bake["startup_plan"]["enabled"] is True
+    serving = dataclasses.replace(baked, vllm_env={**baked.vllm_env, "VLLM_ENABLE_STARTUP_PLAN": "1"})
+    assert [m.field for m in compare_vllm_env(baked, serving)[1]] == ["env VLLM_ENABLE_STARTUP_PLAN"]
+    assert compare_vllm_env(preflight.as_rounds_ran(baked, bake), serving) == ([], [])
+    # a server that turns it off still differs from what the rounds ran
+    off = dataclasses.replace(baked, vllm_env={**baked.vllm_env, "VLLM_ENABLE_STARTUP_PLAN": "0"})
+    assert len(compare_vllm_env(preflight.as_rounds_ran(baked, bake), off)[1]) == 1
+    # a bake without a startup plan record is left as recorded
+    assert preflight.as_rounds_ran(baked, {}) is baked

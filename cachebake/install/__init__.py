@@ -193,9 +193,10 @@ def _plan(artifact, dest: atomic.InstallDir, *, target, fingerprint_file, allow_
     bake = source.select(target or serving.target)
     manifest = bake.manifest
     roles = list(manifest.roles)
-    mismatches = preflight.check(manifest.fingerprint, serving, allow_mismatch,
-                                 checked_this_process=fingerprint_file is None,
-                                 hashed=preflight.hashed_vllm_variables(manifest.bake.to_json()))
+    bake_record = manifest.bake.to_json()
+    mismatches = preflight.check(preflight.as_rounds_ran(manifest.fingerprint, bake_record), serving,
+                                 allow_mismatch, checked_this_process=fingerprint_file is None,
+                                 hashed=preflight.hashed_vllm_variables(bake_record))
     serve_root = os.path.abspath(serve_at) if serve_at else str(dest.root)
     report = InstallReport(
         status="installed", artifact=artifact_name, target=bake.target,

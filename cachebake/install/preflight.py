@@ -33,6 +33,23 @@ def hashed_vllm_variables(bake: dict) -> dict[str, object]:
     return {k: v for k, v in factors.items() if isinstance(k, str)} if isinstance(factors, dict) else {}
 
 
+def as_rounds_ran(baked: Fingerprint, bake: dict) -> Fingerprint:
+    """The bake's fingerprint with its VLLM_* variables as the rounds ran with them.  The
+    fingerprint holds the bake process's; the vllm driver turns vLLM's startup plan on in its
+    rounds (vllm/engine.py: VLLM_ENABLE_STARTUP_PLAN=1 unless the bake env set it), as its
+    record says (``startup_plan.enabled``), and serve-args exports it for the server: without
+    this, every install of such a bake warned that the server's 1 differs from the bake's unset."""
+    import dataclasses
+
+    from cachebake.vllm.versions import STARTUP_PLAN_ENV
+
+    plan = bake.get("startup_plan") if isinstance(bake, dict) else None
+    if (baked.vllm_env is None or STARTUP_PLAN_ENV in baked.vllm_env
+            or not (isinstance(plan, dict) and plan.get("enabled") is True)):
+        return baked
+    return dataclasses.replace(baked, vllm_env={**baked.vllm_env, STARTUP_PLAN_ENV: "1"})
+
+
 def check(baked: Fingerprint, serving: Fingerprint, allow_mismatch: bool,
           checked_this_process: bool = False, hashed: dict[str, object] | None = None) -> list[str]:
     """Return the difference lines (warnings) or raise PreflightMismatch.  A VLLM_* variable
