@@ -38,6 +38,10 @@ PORT=8000
 PY=$(command -v python3)
 ROOT=/var/cache/cachebake
 mkdir -p "$R" "$OUT"
+# .vllm34/PLAN.md's environment, which the "image" has (--image-env below): the cache stage's
+# install checks the bake's hashed VLLM_* variables against this process's
+export VLLM_USE_FLASHINFER_SAMPLER=0 PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 VLLM_USE_DEEP_GEMM=0 VLLM_NO_USAGE_STATS=1
 log() { echo "== [$STAGE] $*" | tee -a "$R/steps.log"; }
 RECIPE=${RECIPE:-nemotron-h}  # the bake's recipe: its config.json is the model dir's
 CB() { PYTHONPATH="$G/img/cb:$SITE:$VSITE" "$PY" -m cachebake.cli "$@"; }
@@ -93,12 +97,20 @@ from cachebake.artifact.oci import open_artifact; print(open_artifact('$G/art').
   CB k8s --kind pod --name vllm --pattern image-volume --artifact "docker://$REF" --bake "$G/art" --target sm_90 \
     --serving-image vllm/vllm-openai:host --serving-image-has-cachebake --model-pvc model >"$R/image-volume.yaml"
   if [ ! -d "$G/cache-tree$ROOT/.cachebake" ]; then  # the Dockerfile's cache stage: ART installed at ROOT
-    rm -rf "$G/cache-tree" && CB install "$G/art" --to "$G/cache-tree$ROOT" --serve-at "$ROOT" --target sm_90 --no-sync >"$R/cache-stage.out" 2>&1
+    rm -rf "$G/cache-tree" && CB install "$G/art" --to "$G/cache-tree$ROOT" --serve-at "$ROOT" --target sm_90 --no-sync >"$R/cache-stage.out" 2>&1 \
+      || { log "the cache stage's install failed: $(tail -n 3 "$R/cache-stage.out")"; rm -rf "$G/cache-tree"; return 1; }
   fi
   chmod -R a+rX "$G" "$SITE"
-  IMAGE_ENV=(--image-env "PATH=$G/img/bin:$PATH" --image-env VLLM_USE_FLASHINFER_SAMPLER=0
-             --image-env PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 --image-env HF_HUB_OFFLINE=1
-             --image-env TRANSFORMERS_OFFLINE=1 --image-env VLLM_USE_DEEP_GEMM=0 --image-env VLLM_NO_USAGE_STATS=1)
+  # The image's ENV is this machine's environment (the lent machine's own image: CUDA_HOME,
+  # LD_LIBRARY_PATH, NVIDIA_*, ... and the exports above), less what a container gets from its
+  # runtime or its spec (HOME, HOSTNAME, PWD, ...); PATH gains the "image"'s vllm and cachebake.
+  IMAGE_ENV=(--image-env "PATH=$G/img/bin:$PATH")
+  while IFS= read -r -d '' kv; do
+    case ${kv%%=*} in
+      PATH|HOME|PWD|OLDPWD|SHLVL|_|USER|LOGNAME|HOSTNAME|TERM|MAIL|SHELL|PYTHONPATH|OUT|BASH_FUNC_*) ;;
+      *) IMAGE_ENV+=(--image-env "$kv") ;;
+    esac
+  done < <(env -0)
   { nvidia-smi -L; PYTHONPATH="$VSITE" "$PY" -c 'import torch, triton, vllm; print("vllm", vllm.__version__, "torch", torch.__version__, "triton", triton.__version__)'; } >"$R/env.log" 2>&1
   log "setup: model $MODEL, image volume $REF"
 }

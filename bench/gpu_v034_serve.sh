@@ -70,13 +70,14 @@ setup)
   cp -r "$SRC/cachebake" "$SRC/bench" "$SRC/cachebake.egg-info" "$G/src/"
   cp -r "$SRC/.carry/tok" "$G/tok"
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$G/site" "$SRC"/.whl/*.whl
+  python3 "$SRC/bench/device_v034_msa_import.py" "$VSITE" 2>&1 | tee -a "$R/env.log"  # not in the vllm-openai image's case
   chown -R $NOBODY:$NOBODY "$OTHER_HOME"; chmod -R a+rX "$G"
   { nvidia-smi -L
     python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
     python3 -c 'import vllm, zstandard, cachebake; print("vllm", vllm.__version__, vllm.__file__, cachebake.__file__)'
     python3 -c 'from cachebake.vllm import versions as v; import vllm; print("hash scheme", v.installed_scheme().name, "startup plan", v.has_startup_plan())'
     python3 -c 'import importlib.metadata as m; print([e.name for e in m.entry_points(group="vllm.general_plugins")])'
-    "${AS_NOBODY[@]}" python3 -c 'import vllm.envs, cachebake.cli; print("nobody imports ok")'; } 2>&1 | tee "$R/env.log"
+    "${AS_NOBODY[@]}" python3 -c 'import vllm.envs, cachebake.cli; print("nobody imports ok")'; } 2>&1 | tee -a "$R/env.log"
   ;;
 bake)
   rm -rf /var/cache/cachebake "$ART" "$G/bw"

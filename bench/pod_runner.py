@@ -730,7 +730,7 @@ def run_dockerfile(a) -> int:
         if cur is None:
             raise Refused(f"{where}: before any FROM")
         cur.instrs.append((word, rest, line, where))
-    needed = _needed(stages, a.target, set(given))
+    needed = _needed(stages, a.target, given)
     for st in order:
         if st.name not in needed:
             log(f"stage {st.name}: not needed for {a.target}, skipped")
@@ -778,13 +778,15 @@ def run_dockerfile(a) -> int:
     return 0 if stopping or c.proc.returncode == 0 else EXIT_SERVER_FAILED
 
 
-def _needed(stages: dict, target: str, given: set) -> set:
+def _needed(stages: dict, target: str, given: dict) -> set:
     """The stages ``target`` is built from; a given stage (--stage-dir) needs nothing."""
     if target not in stages:
         raise Refused(f"--target {target}: no such stage ({', '.join(stages)})")
     for g in given:
         if g not in stages:
             raise Refused(f"--stage-dir {g}: no such stage ({', '.join(stages)})")
+        if not os.path.isdir(given[g]):
+            raise Refused(f"--stage-dir {g}={given[g]}: not a directory")
     need, todo = set(), [target]
     while todo:
         s = stages[todo.pop()]
