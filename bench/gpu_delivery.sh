@@ -43,6 +43,7 @@ mkdir -p "$R" "$OUT"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_USE_DEEP_GEMM=0 VLLM_NO_USAGE_STATS=1
 log() { echo "== [$STAGE] $*" | tee -a "$R/steps.log"; }
+REQUESTS=${REQUESTS:-150}  # 150: three `vllm bench serve` phases; anything else: the first (64 requests)
 RECIPE=${RECIPE:-nemotron-h}  # the bake's recipe: its config.json is the model dir's
 CB() { PYTHONPATH="$G/img/cb:$SITE:$VSITE" "$PY" -m cachebake.cli "$@"; }
 
@@ -76,8 +77,12 @@ setup() {
   printf '[console_scripts]\ncachebake = cachebake.cli:main\n\n[vllm.general_plugins]\ncachebake_monitor = cachebake.serve.vllm_plugin:register\n' \
     >"$G/img/cb/cachebake-0.0.0+gd.dist-info/entry_points.txt"
   [ -d "$SITE/zstandard" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$SRC"/.whl/*.whl
-  printf '#!%s\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n' "$PY" >"$G/img/bin/vllm"
-  printf '#!%s\nimport sys\nfrom cachebake.cli import main\nsys.exit(main())\n' "$PY" >"$G/img/bin/cachebake"
+  # console scripts as pip writes them: the __main__ guard matters, vLLM's engine core is a
+  # spawned process that re-imports the main module (without it: "An attempt has been made to
+  # start a new process before the current process has finished its bootstrapping phase", the
+  # 2026-12-03 H200 run of all four deliveries)
+  printf '#!%s\nimport sys\nfrom vllm.entrypoints.cli.main import main\nif __name__ == "__main__":\n    sys.exit(main())\n' "$PY" >"$G/img/bin/vllm"
+  printf '#!%s\nimport sys\nfrom cachebake.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' "$PY" >"$G/img/bin/cachebake"
   cp "$SRC/docker/cachebake-init.sh" "$G/img/cachebake-init.sh"
   cp "$SRC/docker/install-cachebake.sh" "$G/ctx/docker/"
   chmod 755 "$G/img/bin/"*
@@ -224,7 +229,7 @@ for k, v in sa["env"].items():
     --add-env run:CACHEBAKE_MONITOR_LOG=/cachebake-events/events.jsonl --add-bind "run:$W/events:/cachebake-events" \
     --run "$MODEL" $flags --load-format dummy --tokenizer "$MODEL" --port "$PORT" >"$W/runner.out" 2>&1 &
   local rpid=$!
-  drive dockerfile $rpid "$W" serve-run 150
+  drive dockerfile $rpid "$W" serve-run "$REQUESTS"
   wait $rpid; record dockerfile "$W" $?
   mkdir -p "$R/dockerfile" && cp -r "$W/df/runner.log" "$W/df/logs" "$W/events" "$W/runner.out" "$R/dockerfile/" 2>/dev/null
 }
@@ -258,9 +263,9 @@ done
 image_on
 case $STAGE in
 setup) ;;
-init) pod init "$R/init.yaml" 150 ;;
-image-volume) pod image-volume "$R/image-volume.yaml" 150 ;;
-pods) pod init "$R/init.yaml" 150; pod image-volume "$R/image-volume.yaml" 150 ;;
+init) pod init "$R/init.yaml" "$REQUESTS" ;;
+image-volume) pod image-volume "$R/image-volume.yaml" "$REQUESTS" ;;
+pods) pod init "$R/init.yaml" "$REQUESTS"; pod image-volume "$R/image-volume.yaml" "$REQUESTS" ;;
 dockerfile) dockerfile ;;
 miss) pod miss "$R/image-volume.yaml" 32 --add-arg vllm:--mamba-ssm-cache-dtype --add-arg vllm:bfloat16 ;;
 *) echo "unknown stage $STAGE" >&2; exit 2 ;;
