@@ -1,5 +1,5 @@
 """docs/ and README as a reader meets them: the command reference is the CLI's own --help, the
-exit codes are cachebake.errors.ExitCode, every link leads somewhere, every shell block says
+exit codes are cachebake.errors.ExitCode, each table has one page, every link leads somewhere, every shell block says
 where it runs (a test, CI) or what it needs that CI has not (a GPU, a cluster), and image
 volumes need one Kubernetes version everywhere."""
 
@@ -122,3 +122,14 @@ def test_image_volumes_need_one_kubernetes_version_everywhere():
             around = text[max(0, m.start() - 200):m.end() + 200]
             if "mage" in around.lower() and "volume" in around.lower():
                 assert "feature gate" in around, f"{page.name}: {around}"
+
+
+def test_each_table_has_one_home():
+    """A table lives on one page and the others link to it (the exit codes: exit-codes.md, the
+    commands at a glance: concepts.md): no row of a table, header included, on two pages."""
+    homes: dict[str, list[str]] = {}
+    for page in PAGES:
+        for row in set(re.findall(r"^\|.*\|$", page.read_text(), re.M)):
+            if not re.fullmatch(r"[|\s:-]+", row):  # a separator row is the same everywhere
+                homes.setdefault(row, []).append(str(page.relative_to(REPO)))
+    assert {row[:80]: pages for row, pages in homes.items() if len(pages) > 1} == {}
