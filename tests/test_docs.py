@@ -94,7 +94,7 @@ def test_every_shell_block_in_docs_says_where_it_runs_or_what_it_needs():
             runs = re.match(r"# runs in: (.*)", first)
             needs = re.match(r"# needs: (a GPU|a Kubernetes cluster|a registry)", first)
             if runs:
-                named = re.findall(r"(tests/\S+?\.py|\.ci/\w+)", runs[1])
+                named = re.findall(r"(tests/\S+?\.py|\.ci/[\w-]+(?:\.sh)?)", runs[1])
                 if not (named or runs[1].startswith(("CI", ".ci/run"))):
                     problems.append(f"{page.name}: {first}: names no test")
                 problems += [f"{page.name}: {first}: no {n}" for n in named if not (REPO / n).exists()]
