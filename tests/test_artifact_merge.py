@@ -146,3 +146,27 @@ def test_a_blob_that_is_a_link_is_not_followed(two, tmp_path):
     r = CliRunner().invoke(main, ["merge", str(two / "A90"), str(bad), "--out", str(tmp_path / "M")])
     assert r.exit_code in (ExitCode.CORRUPT, ExitCode.UNSAFE, ExitCode.BAD_INPUT), r.output
     assert not (tmp_path / "M").exists() and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("at", ["blob", "written", "swapped", "old-removed"])
+def test_ctrl_c_at_a_step_leaves_the_old_artifact_or_the_merged_one(two, tmp_path, at):
+    """merge writes --out through pack's destination (cachebake.artifact.destination): a Ctrl-C
+    at any step leaves --out whole, says which, and leaves nothing beside it."""
+    from cachebake.errors import Interrupted
+
+    out = tmp_path / "M"
+    shutil.copytree(two / "A90", out)
+
+    def interrupt(what: str) -> None:
+        if what == at:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted) as e:
+        merge_artifacts([two / "A90", two / "B120"], out, checkpoint=interrupt)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".M.")) == []
+    if at in ("blob", "written"):
+        assert e.value.state == f"nothing written: {out} is as it was"
+        assert open_artifact(out).targets() == ["cuda:90"]
+    else:
+        assert e.value.state == f"{out} holds the new artifact: the merge had finished"
+        assert open_artifact(out).targets() == ["cuda:120", "cuda:90"]

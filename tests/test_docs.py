@@ -1,6 +1,6 @@
 """docs/ and README as a reader meets them: the command reference is the CLI's own --help, the
-exit codes are cachebake.errors.ExitCode, every link leads somewhere, every shell block says
-where it runs (a test, CI) or what it needs that CI has not (a GPU, a cluster), and image
+exit codes are cachebake.errors.ExitCode, each table has one page, every link leads somewhere, every shell block says
+where it runs (a test, CI; and the test runs it) or what it needs that CI has not (a GPU, a cluster), and image
 volumes need one Kubernetes version everywhere."""
 
 from __future__ import annotations
@@ -94,13 +94,57 @@ def test_every_shell_block_in_docs_says_where_it_runs_or_what_it_needs():
             runs = re.match(r"# runs in: (.*)", first)
             needs = re.match(r"# needs: (a GPU|a Kubernetes cluster|a registry)", first)
             if runs:
-                named = re.findall(r"(tests/\S+?\.py|\.ci/\w+)", runs[1])
+                named = re.findall(r"(tests/\S+?\.py|\.ci/[\w-]+(?:\.sh)?)", runs[1])
                 if not (named or runs[1].startswith(("CI", ".ci/run"))):
                     problems.append(f"{page.name}: {first}: names no test")
                 problems += [f"{page.name}: {first}: no {n}" for n in named if not (REPO / n).exists()]
             elif not needs:
                 problems.append(f"{page.name}: a block starting {first!r} says neither")
     assert problems == []
+
+
+# A line that runs something, at the start of a line as a reader copies it (help text, YAML and
+# trees indent theirs)
+_COMMAND = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*(?:cachebake|python3?|pip3?|docker|kubectl|bash|sh|apt-get|"
+                      r"skopeo|podman|umoci|curl|eval|export|sudo|cd|git|for|\.) ")
+
+
+def test_every_command_is_in_a_shell_block():
+    """The check above reads ```sh blocks: a command in a ```bash, ```console or untyped block
+    would escape it (and GitHub shows it the same)."""
+    problems = []
+    for page in PAGES:
+        for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M):
+            if lang != "sh":
+                problems += [f"{page.name}: ```{lang}: {ln}" for ln in body.splitlines() if _COMMAND.match(ln)]
+    assert problems == []
+
+
+def test_a_test_a_block_names_runs_what_the_block_says():
+    """`# runs in: tests/X.py` is a claim that X runs each `cachebake COMMAND` of the block; a
+    `# needs: ...` line that names a test makes it for the commands it names (`misses and replay
+    --misses run in tests/...`).  X runs a command where its name is quoted, as an argv or
+    CliRunner's list has it."""
+    from cachebake.cli import main
+
+    problems, checked = [], 0
+    for page in [*sorted(DOCS.glob("*.md")), REPO / "bench" / "README.md"]:
+        for block in _sh_blocks(page):
+            first = block.splitlines()[0]
+            named = re.findall(r"tests/\S+?\.py", first)
+            if not named:
+                continue
+            if first.startswith("# runs in: "):
+                code = "\n".join(ln.split("#", 1)[0] for ln in block.splitlines())
+                claimed = re.findall(r"\bcachebake ([a-z][a-z0-9-]*)", code)
+            else:
+                claimed = [c for c in main.commands if re.search(rf"(?<![\w-]){c}(?![\w-])", first)]
+            sources = "".join((REPO / n).read_text() for n in named if (REPO / n).exists())
+            for command in claimed:
+                checked += 1
+                if f'"{command}"' not in sources:
+                    problems.append(f"{page.name}: `cachebake {command}` is not run by {', '.join(named)}")
+    assert checked >= 6 and problems == []
 
 
 def test_readme_shell_blocks_are_the_ones_its_tests_run():
@@ -122,3 +166,14 @@ def test_image_volumes_need_one_kubernetes_version_everywhere():
             around = text[max(0, m.start() - 200):m.end() + 200]
             if "mage" in around.lower() and "volume" in around.lower():
                 assert "feature gate" in around, f"{page.name}: {around}"
+
+
+def test_each_table_has_one_home():
+    """A table lives on one page and the others link to it (the exit codes: exit-codes.md, the
+    commands at a glance: concepts.md): no row of a table, header included, on two pages."""
+    homes: dict[str, list[str]] = {}
+    for page in PAGES:
+        for row in set(re.findall(r"^\|.*\|$", page.read_text(), re.M)):
+            if not re.fullmatch(r"[|\s:-]+", row):  # a separator row is the same everywhere
+                homes.setdefault(row, []).append(str(page.relative_to(REPO)))
+    assert {row[:80]: pages for row, pages in homes.items() if len(pages) > 1} == {}

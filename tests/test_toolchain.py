@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,15 +59,32 @@ def test_replay_refuses_before_compiling_when_there_is_no_compiler(tmp_path):
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
 
 
-def test_a_command_bake_without_a_compiler_warns_before_round_one(tmp_path):
-    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
-    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "build", "--target", "sm_90",
-                        "--root", str(tmp_path / "root"), "--out", str(tmp_path / "art"), "--",
-                        sys.executable, "-c", "raise SystemExit(3)"],
-                       env=env, capture_output=True, text=True, timeout=120)
+def _command_bake(tmp_path, env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cachebake.cli", "build", "--target", "sm_90",
+                           "--root", str(tmp_path / "root"), "--out", str(tmp_path / "art"), "--",
+                           sys.executable, "-c", "raise SystemExit(3)"],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_command_bake_without_a_compiler_warns_before_round_one_where_a_gpu_is(tmp_path, monkeypatch):
+    from test_gpu import _fake_nvidia_smi
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA H200, 9.0")  # a GPU a warmup would launch on
+    r = _command_bake(tmp_path, {**os.environ, "CC": str(tmp_path / "no-such-cc")})
     assert r.returncode == 9, r.stderr  # the warmup itself failed, after the warning
     first = r.stderr.splitlines()[0]
     assert first.startswith("cachebake: warning: Triton cannot build its launcher helpers here")
+
+
+def test_without_a_gpu_a_command_bake_does_not_warn_about_launching(tmp_path):
+    """Nothing launches where no GPU is visible (README's CPU quick start compiles ahead of
+    time): a stock Debian without gcc gets no warning about a launch that cannot happen."""
+    if any(Path(d, "nvidia-smi").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("a GPU machine: this is about one without a GPU")
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "PATH": "/usr/bin:/bin"}
+    r = _command_bake(tmp_path, env)
+    assert r.returncode == 9, r.stderr
+    assert "launcher helpers" not in r.stderr, r.stderr
 
 
 def test_a_command_out_of_reach_is_named_as_such(tmp_path):

@@ -12,22 +12,20 @@ Every image carried over is read as install reads it: manifest and config throug
 digests, the manifest schema-checked, the layer streamed through the verifying reader, the
 compile record through its digest.  Blobs are content-addressed, so what two bakes share (a
 compile record, a config) is stored once.  Two bakes for one target are refused, naming both
-artifacts: which one is meant is the user's call.  ``--out`` is written as pack writes it: in a
-temp sibling swapped into place, so it is the old artifact or the merged one, never neither.
+artifacts: which one is meant is the user's call.  ``--out`` is written as pack writes it, through
+the same destination (cachebake.artifact.destination): in a temp sibling swapped into place, so it
+is the old artifact or the merged one, never neither.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachebake.artifact import oci
-from cachebake.artifact.pack import (_TMP_PREFIX, _Outcome, _Steps, _fsync_tree, _summary,
-                                     _swap_into_place, _world_readable, check_out, clean_leftovers,
-                                     no_checkpoint)
+from cachebake.artifact.destination import ArtifactDestination, no_checkpoint
+from cachebake.artifact.pack import _summary, check_out
 from cachebake.gpu import GPUTargetSpec
 from cachebake.errors import BadInput, DeferredInterrupt, Interrupted, from_os_error
 
@@ -79,14 +77,14 @@ def merge_artifacts(sources: list[os.PathLike | str], out: os.PathLike | str,
             if _has_record(art, ref):
                 art.read_json_blob(ref.manifest.record)  # digest-checked
             chosen[key] = (os.fspath(src), art, desc, ref)
-    outcome = _Outcome(out)
+    dest = ArtifactDestination(out, checkpoint, command="merge")
     try:
-        with DeferredInterrupt() as interrupts:
-            return _write(out, chosen, outcome, _Steps(checkpoint, interrupts))
+        with DeferredInterrupt() as interrupts, dest.open(interrupts) as tmp:
+            return _write(out, tmp, chosen, dest)
     except KeyboardInterrupt:
-        raise Interrupted(outcome.left()) from None
+        raise Interrupted(dest.left()) from None
     except OSError as e:
-        raise from_os_error(e, out, "cannot write the artifact", hint=outcome.left()) from None
+        raise from_os_error(e, out, "cannot write the artifact", hint=dest.left()) from None
 
 
 def _has_record(art: oci.Artifact, ref: oci.BakeRef) -> bool:
@@ -111,49 +109,29 @@ def _copy_verified(layout: Path, desc: dict, target: Path) -> None:
         src.close()
 
 
-def _write(out: Path, chosen, outcome: _Outcome, step: _Steps) -> MergeReport:
-    import fcntl
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(out)
-    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX % out.name, dir=out.parent))
-    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
-    old = None
+def _write(out: Path, tmp: Path, chosen, dest: ArtifactDestination) -> MergeReport:
     report = MergeReport(out)
     uses: dict[str, int] = {}
-    try:
-        entries, summaries = [], {}
-        for key, (src, art, desc, ref) in sorted(chosen.items()):
-            manifest = art.read_json_blob(desc, f"blob {desc['digest'][:19]} (image manifest)")
-            extra = [ref.manifest.record] if _has_record(art, ref) else []
-            for d in (desc, manifest["config"], *manifest["layers"], *extra):
-                uses[d["digest"]] = uses.get(d["digest"], 0) + 1
-                target = oci.blob_path(tmp, d["digest"])
-                if target.exists():
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                _copy_verified(art.layout, d, target)
-                step("blob")
-            # the index entry as pack writes it: ref.name sm_90 + the target annotation
-            entries.append({**desc, "annotations": {**(desc.get("annotations") or {}), oci.ANN_TARGET: key,
-                                                    oci.REF_NAME: GPUTargetSpec.parse(key).ref_name}})
-            summaries[key] = _summary(ref.manifest, desc["digest"])
-            report.bakes[key] = {"source": src, "manifest_digest": desc["digest"],
-                                 "layer_digest": ref.layer_digest}
-        oci.write_index(tmp, entries, summaries)
-        _world_readable(tmp)
-        _fsync_tree(tmp)
-        step("written")
-        old = _swap_into_place(tmp, out, outcome, step)
-    except BaseException:
-        if not outcome.swapped:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock_fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    entries, summaries = [], {}
+    for key, (src, art, desc, ref) in sorted(chosen.items()):
+        manifest = art.read_json_blob(desc, f"blob {desc['digest'][:19]} (image manifest)")
+        extra = [ref.manifest.record] if _has_record(art, ref) else []
+        for d in (desc, manifest["config"], *manifest["layers"], *extra):
+            uses[d["digest"]] = uses.get(d["digest"], 0) + 1
+            target = oci.blob_path(tmp, d["digest"])
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _copy_verified(art.layout, d, target)
+            dest.step("blob")
+        # the index entry as pack writes it: ref.name sm_90 + the target annotation
+        entries.append({**desc, "annotations": {**(desc.get("annotations") or {}), oci.ANN_TARGET: key,
+                                                oci.REF_NAME: GPUTargetSpec.parse(key).ref_name}})
+        summaries[key] = _summary(ref.manifest, desc["digest"])
+        report.bakes[key] = {"source": src, "manifest_digest": desc["digest"],
+                             "layer_digest": ref.layer_digest}
+    oci.write_index(tmp, entries, summaries)
+    dest.finalize()
     report.blobs = len(uses)
     report.shared = sum(1 for n in uses.values() if n > 1)
     return report

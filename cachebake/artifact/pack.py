@@ -3,7 +3,8 @@
 The artifact is built in a temporary sibling of ``--out`` and swapped into place at the end
 (one renameat2 RENAME_EXCHANGE when ``--out`` exists), so an interrupted, killed or refused pack
 leaves ``--out`` as it was or the new artifact, never neither; the next pack removes what a
-killed one left beside ``--out``.  Packing into an existing artifact
+killed one left beside ``--out``: ``cachebake.artifact.destination``, which merge writes
+through too.  Packing into an existing artifact
 adds (or replaces, and says so) this target's image and keeps the others: a build farm packs
 each GPU target on its own builder into one artifact.
 
@@ -15,29 +16,28 @@ there (or from the visible GPU for a cache without kernels).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import importlib.util
 import os
-import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebake import fsops, jsonio
+from cachebake import jsonio
 from cachebake.artifact import oci
+from cachebake.artifact.destination import ArtifactDestination, no_checkpoint, work_dir_beside
 from cachebake.artifact.fingerprint import current_fingerprint
 from cachebake.artifact.layer import COMPRESSION, LayerWriter
 from cachebake.artifact.manifest import BakeManifest, BakeRecord, Inventory, LayerFacts, build_inventory
 from cachebake.artifact.schema import LAYER_MEDIA_TYPE
 from cachebake.artifact.snapshot import CacheRoot, parse_root, snapshot_roots
-from cachebake.errors import (BadInput, CachebakeError, DeferredInterrupt, Interrupted, Unsupported,
-                              from_os_error)
+from cachebake.errors import BadInput, DeferredInterrupt, Interrupted, Unsupported, from_os_error
 from cachebake.gpu import GPUTargetSpec
 
+# work_dir_beside: replay and fold-back work beside their --out as pack does
 __all__ = ["CacheRoot", "parse_root", "pack_artifact", "check_out", "check_writable", "check_triton",
-           "PackReport", "work_dir_beside"]
+           "PackReport", "no_checkpoint", "work_dir_beside"]
 
 
 @dataclass
@@ -132,24 +132,6 @@ def _pick_target(target: str | None, inventory: Inventory) -> str | None:
     return found[0] if found else None
 
 
-def no_checkpoint(_what: str = "") -> None:
-    """The default checkpoint: nothing happens between steps (the crash tests pass one that
-    kills the process at the n-th step, as install's do)."""
-
-
-class _Outcome:
-    """What a pack has done to ``--out`` so far, for the line a Ctrl-C or an OS error prints."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.swapped = False  # --out holds the new artifact
-
-    def left(self) -> str:
-        if self.swapped:
-            return f"{self.out} holds the new artifact: the pack had finished"
-        return f"nothing written: {self.out} is as it was"
-
-
 def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str | None = None,
                   bake: Mapping | None = None, layer_root: str | None = None,
                   prune_ir: bool = False, record=None, fingerprint_from: Mapping | None = None,
@@ -166,7 +148,7 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
     fold-back of serve-time misses keeps its base bake's).
     ``checkpoint``: called with the name of each step of the swap into ``out``."""
     out = check_out(out)
-    outcome = _Outcome(out)
+    dest = ArtifactDestination(out, checkpoint)
     try:
         bake_record = BakeRecord.from_json(dict(bake or {}), "the bake section to pack", "")
         snap = snapshot_roots(roots, layer_root=layer_root, prune_ir=prune_ir)
@@ -176,95 +158,66 @@ def pack_artifact(roots: list[CacheRoot], out: os.PathLike | str, *, target: str
         fp = dataclasses.replace(fp, **dict(fingerprint_from or {}))
         if not fp.triton_key:
             raise _no_triton()
-        # From here Ctrl-C is taken between files and steps, where _Outcome knows what was
-        # left (errors.DeferredInterrupt: never swallowed in a finalizer)
-        with DeferredInterrupt() as interrupts:
-            return _write(out, snap, fp, inventory, bake_record, record, progress, outcome,
-                          _Steps(checkpoint, interrupts))
+        # From here Ctrl-C is taken between files and steps, where the destination knows what
+        # was left (errors.DeferredInterrupt: never swallowed in a finalizer)
+        with DeferredInterrupt() as interrupts, dest.open(interrupts) as tmp:
+            return _write(out, tmp, snap, fp, inventory, bake_record, record, progress, dest)
     except KeyboardInterrupt:
-        raise Interrupted(outcome.left()) from None
+        raise Interrupted(dest.left()) from None
     except OSError as e:  # name the user's path, never our temp dir's
-        raise from_os_error(e, out, "cannot write the artifact", hint=outcome.left()) from None
+        raise from_os_error(e, out, "cannot write the artifact", hint=dest.left()) from None
 
 
-class _Steps:
-    def __init__(self, checkpoint: Callable[[str], None], interrupts: DeferredInterrupt):
-        self.checkpoint, self.interrupts = checkpoint, interrupts
+def _write(out: Path, tmp: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
+           progress, dest: ArtifactDestination) -> PackReport:
+    existing: dict[str, dict] = {}
+    summaries: dict[str, dict] = {}
+    status, replaced = "created", None
+    if oci.is_artifact(out):
+        old = oci.open_artifact(out)
+        status = "added"
+        for key, desc in old.entries_by_target().items():
+            if key == fp.target:
+                status, replaced = "replaced", desc.get("digest")
+                continue
+            ref = old.select(key)  # verifies what we carry over
+            _copy_image(out, tmp, desc, ref)
+            existing[key] = desc
+            summaries[key] = _summary(ref.manifest, desc["digest"])
+    blobs = tmp / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    shown = progress(len(snap.files), snap.data_size) if progress is not None else None
 
-    def __call__(self, what: str) -> None:
-        self.checkpoint(what)
-        self.interrupts.check()
+    def on_file(n: int) -> None:
+        if shown is not None:
+            shown(n)
+        dest.check_interrupt()
 
-
-def _write(out: Path, snap, fp, inventory: Inventory, bake: BakeRecord, record,
-           progress, outcome: _Outcome, step: _Steps) -> PackReport:
-    cleaned = clean_leftovers(out)
-    tmp, lock_fd = work_dir_beside(out)
-    old = None
-    try:
-        existing: dict[str, dict] = {}
-        summaries: dict[str, dict] = {}
-        status, replaced = "created", None
-        if oci.is_artifact(out):
-            old = oci.open_artifact(out)
-            status = "added"
-            for key, desc in old.entries_by_target().items():
-                if key == fp.target:
-                    status, replaced = "replaced", desc.get("digest")
-                    continue
-                ref = old.select(key)  # verifies what we carry over
-                _copy_image(out, tmp, desc, ref)
-                existing[key] = desc
-                summaries[key] = _summary(ref.manifest, desc["digest"])
-        blobs = tmp / "blobs" / "sha256"
-        blobs.mkdir(parents=True, exist_ok=True)
-        shown = progress(len(snap.files), snap.data_size) if progress is not None else None
-
-        def on_file(n: int) -> None:
-            if shown is not None:
-                shown(n)
-            step.interrupts.check()
-
-        with tempfile.NamedTemporaryFile(dir=blobs, delete=False, prefix=".layer-") as f:
-            stats = LayerWriter(f).write(snap, on_file)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f.name, oci.blob_path(tmp, stats.digest))
-        record_desc = None
-        if record is not None:
-            digest, size = oci.write_blob(tmp, record.to_json())
-            record_desc = oci.descriptor(record.media_type, digest, size)
-        manifest = BakeManifest(
-            target=fp.target, fingerprint=fp, roles=snap.roles, layer_root=snap.layer_root,
-            layer=LayerFacts(media_type=LAYER_MEDIA_TYPE, diff_id=stats.diff_id, digest=stats.digest,
-                             size=stats.size, tar_size=stats.tar_size,
-                             uncompressed_size=stats.uncompressed_size, entries=stats.entries,
-                             files=stats.files, compression=COMPRESSION),
-            inventory=inventory, bake=bake, record=record_desc)
-        desc = oci.add_image(tmp, manifest)
-        existing[fp.target] = desc
-        summaries[fp.target] = _summary(manifest, desc["digest"])
-        oci.write_index(tmp, list(existing.values()), summaries)
-        _world_readable(tmp)
-        _fsync_tree(tmp)
-        step("written")
-        old = _swap_into_place(tmp, out, outcome, step)
-    except BaseException:
-        if not outcome.swapped:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock_fd)
-    try:
-        step("swapped")
-    finally:  # the artifact --out held before, even on Ctrl-C; a kill leaves it to the next pack
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    step("old-removed")
+    with tempfile.NamedTemporaryFile(dir=blobs, delete=False, prefix=".layer-") as f:
+        stats = LayerWriter(f).write(snap, on_file)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f.name, oci.blob_path(tmp, stats.digest))
+    record_desc = None
+    if record is not None:
+        digest, size = oci.write_blob(tmp, record.to_json())
+        record_desc = oci.descriptor(record.media_type, digest, size)
+    manifest = BakeManifest(
+        target=fp.target, fingerprint=fp, roles=snap.roles, layer_root=snap.layer_root,
+        layer=LayerFacts(media_type=LAYER_MEDIA_TYPE, diff_id=stats.diff_id, digest=stats.digest,
+                         size=stats.size, tar_size=stats.tar_size,
+                         uncompressed_size=stats.uncompressed_size, entries=stats.entries,
+                         files=stats.files, compression=COMPRESSION),
+        inventory=inventory, bake=bake, record=record_desc)
+    desc = oci.add_image(tmp, manifest)
+    existing[fp.target] = desc
+    summaries[fp.target] = _summary(manifest, desc["digest"])
+    oci.write_index(tmp, list(existing.values()), summaries)
+    dest.finalize()
     if status == "replaced" and replaced == desc["digest"]:
         status, replaced = "unchanged", None  # the same bytes again: nothing was replaced
     return PackReport(status, out, fp.target, manifest, desc["digest"], sorted(existing), replaced,
-                      cleaned=cleaned)
+                      cleaned=dest.cleaned)
 
 
 def _summary(manifest: BakeManifest, manifest_digest: str) -> dict:
@@ -279,112 +232,3 @@ def _copy_image(src: Path, dst: Path, desc: dict, ref) -> None:
         target = oci.blob_path(dst, d["digest"])
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(oci.blob_path(src, d["digest"]), target)
-
-
-def _world_readable(root: Path) -> None:
-    """0755 directories, 0644 files, whatever the umask: mkdtemp and NamedTemporaryFile create
-    0700/0600, and an init container installs as another, unprivileged user."""
-    os.chmod(root, 0o755)
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs:
-            os.chmod(os.path.join(dirpath, name), 0o755)
-        for name in files:
-            os.chmod(os.path.join(dirpath, name), 0o644)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-# The siblings of --out a pack makes: its temp dir (the new artifact, then the old one after
-# the exchange) and, from cachebake 0.1 or without RENAME_EXCHANGE, the old artifact set aside.
-_TMP_PREFIX = ".%s.tmp-"
-_OLD_PREFIX = ".%s.old-"
-
-
-def work_dir_beside(out: Path, kind: str = "") -> tuple[Path, int]:
-    """A fresh private dir beside ``out`` (``.OUT.tmp-[KIND-]XXXXXXXX``) for a command that
-    writes ``out``, and an fd holding its flock: the caller keeps the fd open while the dir is
-    in use and closes it after removing the dir.  A killed command's dir is then the next
-    pack's to remove (``clean_leftovers``: the name, the owner, no live holder of the lock;
-    the kernel drops a flock when its process dies, where a pid could have been reused)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX % out.name + (f"{kind}-" if kind else ""),
-                                dir=out.parent))
-    lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
-    return tmp, lock_fd
-
-
-def clean_leftovers(out: Path) -> list[str]:
-    """Remove what killed packs into ``out`` left beside it; returns their names.  A temp dir
-    is ours to remove once no live pack holds its flock; an old artifact set aside by a pack
-    killed between its two renames is put back when ``out`` is missing (else removed)."""
-    removed = []
-    try:
-        names = sorted(os.listdir(out.parent))
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        if not name.startswith((_TMP_PREFIX % out.name, _OLD_PREFIX % out.name)):
-            continue
-        path = out.parent / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # not a directory, or gone: not a pack's
-            continue
-        try:
-            if os.fstat(fd).st_uid != os.geteuid():
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a pack in progress
-            if name.startswith(_OLD_PREFIX % out.name) and not os.path.lexists(out) and oci.is_artifact(path):
-                os.rename(path, out)
-                removed.append(f"{name} (put back as {out.name})")
-            else:
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(name)
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _swap_into_place(tmp: Path, out: Path, outcome: _Outcome, step: _Steps) -> Path | None:
-    """Make the finished artifact ``out``; returns where the artifact ``out`` held before now
-    is (for the caller to remove), or None.  An existing ``out`` is exchanged with ``tmp`` in
-    one renameat2(RENAME_EXCHANGE): at every moment ``out`` is the old artifact or the new
-    one.  Where the kernel or filesystem lacks it, two renames, and a kill between them
-    leaves the old artifact beside ``out``, which the next pack puts back."""
-    if not os.path.lexists(out):
-        os.rename(tmp, out)
-        outcome.swapped = True
-        return None
-    if _rename_exchange(tmp, out):
-        outcome.swapped = True
-        return tmp
-    aside = out.parent / f"{_OLD_PREFIX % out.name}{secrets.token_hex(4)}"
-    os.rename(out, aside)
-    try:
-        step("aside")
-        os.rename(tmp, out)
-    except BaseException as e:  # Ctrl-C between the renames too: the old artifact goes back
-        os.rename(aside, out)
-        if isinstance(e, OSError):
-            raise CachebakeError(f"could not move the new artifact into {out}: {e.strerror}") from None
-        raise
-    outcome.swapped = True
-    return aside
-
-
-def _rename_exchange(a: Path, b: Path) -> bool:
-    """Swap ``a`` and ``b`` atomically; False where renameat2 or RENAME_EXCHANGE is missing
-    (glibc < 2.28, Linux < 3.15, a filesystem without it), an OSError for anything else."""
-    return fsops.renameat2(a, b, fsops.RENAME_EXCHANGE)

@@ -217,9 +217,12 @@ def build(driver: Driver, options: BuildOptions, *, progress: RoundProgress | No
                      roles=roles, max_rounds=o.max_rounds, quiet_rounds=o.quiet_rounds,
                      until_stable=o.until_stable)
     if driver.name == "command":  # the other drivers refuse in their preflight
+        from cachebake.gpu import visible_gpu
         from cachebake.toolchain import c_toolchain_problem
 
-        problem = c_toolchain_problem()
+        # Only where a kernel can launch: with no GPU visible nothing launches (a warmup that
+        # compiles ahead of time, as README's CPU quick start does, needs no C compiler)
+        problem = c_toolchain_problem() if visible_gpu() is not None else None
         if problem:
             note = (f"Triton cannot build its launcher helpers here ({problem}): a warmup that "
                     "launches kernels will fail at its first launch")

@@ -99,8 +99,9 @@ if command == "install":
 else:
     import cachebake.artifact.pack as module
     name = "pack_artifact"
-    if os.environ.get("NOEXCHANGE"):
-        module._rename_exchange = lambda a, b: False
+    if os.environ.get("NOEXCHANGE"):  # pack swaps --out through its destination
+        import cachebake.artifact.destination as destination
+        destination._rename_exchange = lambda a, b: False
 real = getattr(module, name)
 setattr(module, name, lambda *a, **kw: real(*a, checkpoint=checkpoint, **kw))
 from cachebake.cli import main
