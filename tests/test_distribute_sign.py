@@ -359,30 +359,105 @@ def test_kyverno_policy_extracts_image_volumes(keys, tmp_path):
     assert "[attestors.key0, attestors.key1]" in spec["validations"][0]["expression"]
 
 
+# The engines' published CRDs, trimmed to the version the policies use (tests/data/crds/README.md:
+# repositories, paths, commits, licenses).  $CACHEBAKE_TEST_POLICY_CRDS may name a directory of
+# upstream CRD files (YAML, as published) to validate against too, e.g. newer ones.
+CRDS = Path(__file__).parent / "data" / "crds"
 CRD_ENV = "CACHEBAKE_TEST_POLICY_CRDS"
+CRD_FILES = {"policy-controller": ("clusterimagepolicies.policy.sigstore.dev.v1beta1.json",
+                                   "300-clusterimagepolicy.yaml"),
+             "kyverno": ("imagevalidatingpolicies.policies.kyverno.io.v1beta1.json",
+                         "policies.kyverno.io_imagevalidatingpolicies.yaml")}
 
 
-@pytest.mark.parametrize("engine, crd_file", [("policy-controller", "300-clusterimagepolicy.yaml"),
-                                              ("kyverno", "policies.kyverno.io_imagevalidatingpolicies.yaml")])
-def test_policies_parse_against_the_published_crd_schemas(engine, crd_file, keys, tmp_path):
-    """Validates against the engines' own CRDs when $CACHEBAKE_TEST_POLICY_CRDS names a directory
-    holding them (sigstore/policy-controller config/300-clusterimagepolicy.yaml, kyverno
-    config/crds/policies.kyverno.io/policies.kyverno.io_imagevalidatingpolicies.yaml): no package
-    on PyPI or Debian ships them, and CI reaches nothing else (docs/trust.md)."""
-    crds = os.environ.get(CRD_ENV)
-    if not crds:
-        pytest.skip(f"set {CRD_ENV} to a directory with {crd_file} (docs/trust.md)")
-    yaml = pytest.importorskip("yaml")
+def _crd_validator(engine: str, doc: dict, upstream_dir: str | None = None):
+    """A Draft 4 validator (OpenAPI 3.0's schema dialect) for the CRD's openAPIV3Schema of the
+    version ``doc`` names, with every object that lists its properties closed
+    (``additionalProperties: false``) unless it says ``x-kubernetes-preserve-unknown-fields``:
+    the API server drops an unknown field (kubectl apply's default, --validate=strict, refuses
+    it), so a misspelt field would be a policy that silently checks less."""
     jsonschema = pytest.importorskip("jsonschema")
-    crd = yaml.safe_load((Path(crds) / crd_file).read_text())
-    doc = _policy(tmp_path, engine, keys)
+    vendored, upstream = CRD_FILES[engine]
+    if upstream_dir is None:
+        crd = json.loads((CRDS / vendored).read_text())
+    else:
+        yaml = pytest.importorskip("yaml")
+        (crd,) = [d for d in yaml.safe_load_all((Path(upstream_dir) / upstream).read_text()) if d]
     group, version = doc["apiVersion"].split("/")
     assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == doc["kind"]
-    (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v.get("served")]
-    schema = v["schema"]["openAPIV3Schema"]
-    jsonschema.validate(doc, schema)
-    # and the validator bites: an unknown field where the schema is closed, a wrong type
+    (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+
+    def closed(node):
+        if isinstance(node, dict):
+            node = dict(node)
+            for key in ("properties", "patternProperties"):
+                if key in node:
+                    node[key] = {name: closed(sub) for name, sub in node[key].items()}
+            for key in ("items", "additionalProperties"):
+                if isinstance(node.get(key), dict):
+                    node[key] = closed(node[key])
+            if "properties" in node and "additionalProperties" not in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node["additionalProperties"] = False
+        return node
+
+    root = dict(v["schema"]["openAPIV3Schema"])
+    # every object's own fields, which the API server adds to a CRD's schema (a CRD may omit them)
+    root["properties"] = {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                          "metadata": {"type": "object"}, **root.get("properties", {})}
+    schema = closed(root)
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema)
+
+
+def _errors(validator, doc) -> list[str]:
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc))
+
+
+@pytest.mark.parametrize("engine", ["policy-controller", "kyverno"])
+def test_policies_parse_against_the_published_crd_schemas(engine, keys, tmp_path):
+    """Two keys; the Kyverno policy carries the image-volume extractor
+    (volumes[].image.reference), which must sit where the CRD has a place for it."""
+    doc = _policy(tmp_path, engine, keys)
+    if engine == "kyverno":
+        assert "volumes" in doc["spec"]["images"][0]["expression"]
+    assert _errors(_crd_validator(engine, doc), doc) == []
+    if os.environ.get(CRD_ENV):
+        assert _errors(_crd_validator(engine, doc, os.environ[CRD_ENV]), doc) == []
+
+
+def _set(doc, path, value):
+    *parents, last = path
+    for key in parents:
+        doc = doc[key]
+    if value is KeyError:
+        del doc[last]
+    else:
+        doc[last] = value
+
+
+# One mutation per kind of mistake the schema catches: a wrong type, a misspelt (unknown) field,
+# a value outside an enum, a required field missing.
+BROKEN = [
+    ("policy-controller", ("spec", "authorities"), "not a list", "spec/authorities"),
+    ("policy-controller", ("spec", "authorities", 0, "key", "pem"), "x", "spec/authorities/0/key"),
+    ("policy-controller", ("spec", "images", 0, "globs"), "*", "spec/images/0"),
+    ("policy-controller", ("spec", "authorities", 0, "key", "data"), ["a"], "spec/authorities/0/key/data"),
+    ("kyverno", ("spec", "images"), "not a list", "spec/images"),
+    ("kyverno", ("spec", "failurePolicy"), "Deny", "spec/failurePolicy"),
+    ("kyverno", ("spec", "validations"), KeyError, "spec"),
+    ("kyverno", ("spec", "images", 0, "expression"), KeyError, "spec/images/0"),
+    ("kyverno", ("spec", "attestors", 0, "cosign", "key", "pem"), "x", "spec/attestors/0/cosign/key"),
+]
+
+
+@pytest.mark.parametrize("engine, path, value, where", BROKEN,
+                         ids=[f"{e}-{'.'.join(map(str, p))}" for e, p, _, _ in BROKEN])
+def test_a_broken_policy_fails_the_crd_schema(engine, path, value, where, keys, tmp_path):
+    """The validator bites: each mutation of a generated policy is refused, at the place changed."""
+    doc = _policy(tmp_path, engine, keys)
+    validator = _crd_validator(engine, doc)
     bad = json.loads(json.dumps(doc))
-    bad["spec"]["images" if engine == "kyverno" else "authorities"] = "not a list"
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, schema)
+    _set(bad, path, value)
+    errors = _errors(validator, bad)
+    assert errors and any(e.startswith(where + ":") for e in errors), errors

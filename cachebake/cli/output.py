@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Protocol
 
-from cachebake.errors import print_error
+from cachebake.errors import print_error, printable
 from cachebake.jsonio import dumps
 
 ENVELOPE_VERSION = 1
@@ -89,15 +89,17 @@ class Output:
 
     def warn(self, text: str) -> None:
         """A warning line on stderr (never on stdout, which may be JSON)."""
-        self.err_console.print(f"cachebake: warning: {text}", markup=False, highlight=False)
+        # preflight's differences quote the artifact's values (its vLLM version, GPU name): a
+        # C0/C1 control there must not reach the terminal
+        self.err_console.print(f"cachebake: warning: {printable(text)}", markup=False, highlight=False)
 
     def note(self, text: str) -> None:
         """Something the user should know that is not a problem (k8s: an assumption made)."""
-        self.err_console.print(f"cachebake: note: {text}", markup=False, highlight=False)
+        self.err_console.print(f"cachebake: note: {printable(text)}", markup=False, highlight=False)
 
     def progress(self, line: str) -> None:
         """One line of a long command's progress (replay's compiles), as it happens."""
-        self.err_console.print(line, markup=False, highlight=False)
+        self.err_console.print(printable(line), markup=False, highlight=False)
 
     def error(self, err) -> None:
         """A ``CachebakeError`` as one line on stderr, and under ``--json`` as the envelope on

@@ -86,7 +86,7 @@ class _KeygenReport:
 
 @main.command("k8s-policy")
 @click.option("--engine", type=click.Choice(["policy-controller", "kyverno"]), required=True,
-              help="sigstore policy-controller's ClusterImagePolicy, or a Kyverno ClusterPolicy.")
+              help="sigstore policy-controller's ClusterImagePolicy, or a Kyverno ImageValidatingPolicy.")
 @click.option("--key", "verify_keys", multiple=True, required=True, help=VERIFY_KEY_HELP)
 @click.option("--image", "images", multiple=True, required=True,
               help="Image pattern the policy covers, e.g. registry.example/bakes/* (repeatable).")

@@ -88,11 +88,24 @@ def _check_curve(key, where: str) -> None:
 
 
 def _read_text(path: str, cap: int, what: str) -> bytes:
+    """A key or policy file the user named: links followed (a Kubernetes Secret's file is a
+    link into ``..data/``), then a regular file only, opened without blocking: a FIFO or a
+    device named as a key is refused at once instead of waiting forever (attack corpus, issue
+    31: ``--verify-key FIFO`` hung)."""
+    from cachebake.errors import CachebakeError
+    from cachebake.fsops import read_at_most
+    from cachebake.jsonio import open_regular
+
     try:
-        with open(path, "rb") as f:
-            data = f.read(cap + 1)
+        fd = open_regular(os.path.realpath(path), what, missing=BadInput)
+    except CachebakeError as e:  # the user's file, not an artifact's: bad input
+        raise BadInput(f"{path}: {what}: {e.line()}") from None
+    try:
+        data = read_at_most(fd, cap + 1)
     except OSError as e:
         raise BadInput(f"{path}: {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
     if len(data) > cap:
         raise BadInput(f"{path}: {what}: over {cap} bytes")
     return data
