@@ -127,6 +127,8 @@ def test_exit_hook_only_in_the_vllm_serve_process(monkeypatch):
     assert vm.install_exit_hook() is False
     assert vm.server_flags(["vllm", "serve", "--model", "m", "--tp=2"]) == ("m", {"tp": 2})
     assert vm.server_flags(["vllm", "bench"]) is None
+    main_py = "/opt/site/vllm/entrypoints/cli/main.py"
+    assert vm.server_flags([main_py, "serve", "/m", "--enable-prefix-caching"]) == ("/m", {"enable_prefix_caching": True})
 
 
 @pytest.mark.parametrize("plant", ["link_unit", "link_inside", "fifo", "odd_name", "odd_inner", "deep"])

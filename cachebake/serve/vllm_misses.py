@@ -56,6 +56,7 @@ MAX_ENTRIES = 100_000  # entries walked in one scan (a bake's role: a few hundre
 MAX_DEPTH = 8  # dirs below a unit (inductor_cache/aotautograd/<key>/<file>: 3)
 MAX_UNITS = 1024  # new units in one scan (one per flag set and rank)
 BACKEND, AOT = "backend", "aot"
+VLLM_CLI_MAIN = "vllm/entrypoints/cli/main.py"  # argv[0] of `python -m vllm.entrypoints.cli.main serve`
 
 
 class VllmCacheRefused(UnsafeArtifact):
@@ -268,14 +269,17 @@ def _scan_compile_dir(w: _Walker, cfd: int, baked: set[Unit], result: Scan) -> N
 # ---------------------------------------------------------------------------- the server's flags
 def server_flags(argv: list[str]) -> Optional[tuple[str, dict]]:
     """(model reference, serve args) of a ``vllm serve MODEL FLAGS...`` command line (the API
-    server's own ``sys.argv``), or None for any other process.  Flags are parsed as
+    server's own ``sys.argv``; also ``python -m vllm.entrypoints.cli.main serve``), or None for
+    any other process.  Flags are parsed as
     ``--serve-args`` text is (cachebake.vllm.serveargs); ``--model M`` counts as the model."""
     import shlex
 
     from cachebake.errors import CachebakeError
     from cachebake.vllm.serveargs import parse_serve_args
 
-    if len(argv) < 2 or os.path.basename(argv[0]) != "vllm" or argv[1] != "serve":
+    entry = argv[0].replace("\\", "/") if argv else ""
+    if len(argv) < 2 or argv[1] != "serve" or not (os.path.basename(entry) == "vllm"
+                                                   or entry.endswith(VLLM_CLI_MAIN)):
         return None
     rest = list(argv[2:])
     model = None
