@@ -3,6 +3,7 @@ lists every command and every option of every click command, and nothing the CLI
 full reference, docs/commands.md, is generated from --help: tests/test_docs.py); `cachebake --help` shows each
 command's summary whole (click cuts a first sentence that does not fit to "...")."""
 
+import json
 import re
 
 import click
@@ -86,3 +87,25 @@ def test_top_level_help_shows_each_summary_whole():
     for name, line in shown.items():
         assert not line.rstrip().endswith("..."), f"`cachebake --help` cuts the summary of {name}: {line!r}"
         assert line.rstrip().endswith("."), line
+
+
+def test_k8s_bake_job_is_the_bake_job_command():
+    """`cachebake k8s --bake-job ...` (issue 32's spelling) runs bake-job with those options;
+    after `--` the flag is a build argument, and k8s's own options do not apply."""
+    from click.testing import CliRunner
+
+    from cachebake.cli import main
+    from cachebake.cli.app import bake_job_alias
+
+    args = ["--gpu", "NVIDIA-H200=sm_90", "--model", "nemotron-h", "--builder-image", "reg.io/b:1",
+            "--repository", "docker://reg.io/bakes", "--json"]
+    alias = CliRunner().invoke(main, ["k8s", "--bake-job", *args])
+    direct = CliRunner().invoke(main, ["bake-job", *args])
+    assert alias.exit_code == direct.exit_code == 0, alias.output
+    assert json.loads(alias.stdout) == json.loads(direct.stdout)
+    assert json.loads(alias.stdout)["command"] == "bake-job"
+    assert bake_job_alias(["k8s", "--artifact", "x", "--", "--bake-job"]) == \
+        ["k8s", "--artifact", "x", "--", "--bake-job"]
+    assert bake_job_alias(["bake-job", "--bake-job"]) == ["bake-job", "--bake-job"]
+    bad = CliRunner().invoke(main, ["k8s", "--bake-job", "--serving-image", "x"])
+    assert bad.exit_code == 2

@@ -31,7 +31,7 @@ class CachebakeGroup(click.Group):
     path the one line names."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        args = list(sys.argv[1:] if args is None else args)
+        args = bake_job_alias(list(sys.argv[1:] if args is None else args))
         options = args[:args.index("--")] if "--" in args else args
         command = next((a for a in options if not a.startswith("-")), "")
         out = Output(command, as_json="--json" in options)
@@ -73,6 +73,22 @@ class CachebakeGroup(click.Group):
         if not standalone_mode:
             return code
         sys.exit(code)
+
+
+BAKE_JOB_FLAG = "--bake-job"
+
+
+def bake_job_alias(args: list[str]) -> list[str]:
+    """``cachebake k8s --bake-job OPTIONS...`` is ``cachebake bake-job OPTIONS...`` (the spelling
+    of issue 32): the flag, before any ``--``, turns the k8s command into the bake-job command,
+    whose options then apply (k8s's own are for a server's manifests and do not mix with them)."""
+    if not args or args[0] != "k8s":
+        return args
+    options = args[:args.index("--")] if "--" in args else args
+    if BAKE_JOB_FLAG not in options:
+        return args
+    i = options.index(BAKE_JOB_FLAG)
+    return ["bake-job", *args[1:i], *args[i + 1:]]
 
 
 @click.group(cls=CachebakeGroup, context_settings={"help_option_names": ["-h", "--help"]})

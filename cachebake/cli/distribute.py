@@ -106,15 +106,21 @@ def push(artifact, reference, target, tls_verify, authfile, sign_key, as_json):
 @click.option("--verify-key", "verify_keys", multiple=True,
               help="init: a trusted public key (PEM file) the installer verifies the bake's "
                    "signature with before installing (exit 13); image-volume: see k8s-policy.")
+@click.option("--bake-job", "bake_job", is_flag=True,
+              help="Write the bake matrix's Jobs instead: `cachebake bake-job`, whose options then "
+                   "apply (see `cachebake bake-job --help`).")
 @JSON_OPTION
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
 def k8s(artifact, serving_image, pattern, target, installer_image, install_in_serving_image,
         serving_image_has_cachebake, local_bake, model, model_pvc, model_in_image, name, root, gpus,
-        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, verify_keys, as_json, cmd, model_mount=None):
+        kind, pull_secret, tls_verify, vllm_role, tmp_size, fmt, verify_keys, as_json, cmd, model_mount=None,
+        bake_job=False):
     """Write Kubernetes manifests that give a server its bake.
 
     An init container filling an emptyDir, or (Kubernetes >= 1.35) the bake image mounted as a
-    read-only image volume."""
+    read-only image volume.  `k8s --bake-job ...` is `cachebake bake-job ...`."""
+    if bake_job:  # the command line takes it to bake-job first (cli.app.bake_job_alias)
+        raise click.UsageError("--bake-job: give it before any `--` (it makes this `cachebake bake-job`)")
     from cachebake.distribute.k8s import (ManifestReport, PodPlan, default_format, manifest,
                                           read_local_bake, render, server_command)
     from cachebake.distribute.registry import is_reference, parse_reference

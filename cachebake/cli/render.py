@@ -327,7 +327,35 @@ def render_replay(report, console: Console) -> None:
         console.print(f"  problem: {printable(line)}", markup=False, highlight=False)
 
 
+def _render_vllm_rounds(report, console: Console) -> None:
+    for c in report.vllm_in_base:
+        console.print(f"  in base   {safe(c['dir'])}", highlight=False)
+    for r in report.vllm:
+        from cachebake.vllm.serveargs import serve_args_to_flags
+
+        console.print(f"  vllm round ({safe(r['status'])}): {len(r['units'])} torch.compile dirs, "
+                      f"logged flags {safe(' '.join(serve_args_to_flags(r['serve_args'])))}",
+                      highlight=False)
+        console.print(f"    {printable(' '.join(shlex.quote(a) for a in r['argv']))}", highlight=False,
+                      markup=False)
+        for u in r["units"]:
+            state = ("packed" if u["dir"] in r["packed"] else "NOT reproduced by the round"
+                     if r["status"] == "built" else "to regenerate")
+            console.print(f"    {safe(u['dir'])}: {state}", highlight=False)
+
+
 def render_fold(report, console: Console) -> None:
+    if report.dry_run:
+        console.print(f"plan (dry run, nothing written): {len(report.planned)} kernel misses to "
+                      f"compile for {report.target}, {len(report.vllm)} vLLM build rounds, from "
+                      f"{len(report.logs)} logs", highlight=False)
+        for c in report.planned:
+            console.print(f"  compile   {safe(c['kernel'])}  {safe(c['specialization'])}", highlight=False)
+        _render_vllm_rounds(report, console)
+        for f in report.failed:
+            console.print(f"  [yellow]not folded[/] {safe(f['kernel'])} ({safe(str(f['key'])[:12])}): "
+                          f"{safe(f['reason'])}", highlight=False)
+        return
     carried = sum(a["result"] == "carried" for a in report.autotune)
     console.print(f"folded {len(report.compiled)} kernel misses and {carried} autotune results "
                   f"from {len(report.logs)} logs into [bold]{safe(report.out)}[/] ({report.target}, "
@@ -352,6 +380,7 @@ def render_fold(report, console: Console) -> None:
     for h in report.helpers:
         where = "built here" if h["folded"] else "built by gcc at first launch on the target"
         console.print(f"  helper    {safe(h['file'])}: {where}", highlight=False)
+    _render_vllm_rounds(report, console)
     for line in report.problems:
         console.print(f"  [yellow]problem[/] {safe(line)}", highlight=False)
     for f in report.failed:
@@ -374,6 +403,11 @@ def render_misses(report, console: Console) -> None:
                   + (f"; lines skipped: {notes}" if notes else ""), highlight=False)
     for path in report.skipped:
         console.print(f"  skipped {safe(path)}", highlight=False)
+    if report.recorded is not None:
+        r = report.recorded
+        console.print(f"vLLM cache {safe(r['cache'])}: {len(r['logged'])} new torch.compile dirs logged "
+                      f"to {safe(r['log'])} ({r['already']} already there, {r['baked']} baked, bake's "
+                      f"dirs from {safe(r['inventory'])})", highlight=False)
     for g in report.groups:
         kind = "" if g.kind == "kernel" else f" ({safe(g.kind)})"
         console.print(f"{g.count:>5}x  [bold]{safe(g.kernel)}[/]{kind}  on {len(g.replicas)} "

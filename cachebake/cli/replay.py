@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from cachebake.cli.app import JSON_OPTION, main, output
@@ -37,13 +39,18 @@ ALLOW_MODULE_OPTION = click.option(
 @click.option("--partial", is_flag=True, help="Pack what compiled even if some entries could not be replayed.")
 @click.option("--layer-root", type=ABSOLUTE_PATH, help="Serving root for group files (default: the source bake's).")
 @click.option("--gpu-name", help="The target GPU's name for the fingerprint (default: the source bake's, same target only).")
+@click.option("--dry-run", is_flag=True, help="With --base: show the plan (kernel misses to compile, "
+              "one vLLM build round per logged flag set, as a command line) and write nothing.")
 @ALLOW_MODULE_OPTION
 @JSON_OPTION
-def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, allow_modules, as_json):
+def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_name, allow_modules, dry_run,
+           as_json):
     """Compile a record or served misses, no GPU needed.
 
     Compile a bake's compile record for TARGET on this machine (no GPU needed) and pack it;
-    or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART."""
+    or, with --base ART --misses LOG..., fold a server's logged misses into a copy of ART
+    (vLLM torch.compile misses: one build round with the logged flags, on a GPU; exit 7 where
+    vLLM or the GPU is missing)."""
     out_ = output(as_json)
     progress = None if as_json else out_.progress
     if base or misses:
@@ -59,9 +66,11 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
         from cachebake.replay.foldback import fold_misses
 
         report = fold_misses(base, list(misses), out, target=target, jobs=jobs, progress=progress,
-                             allow_modules=allow_modules)
+                             allow_modules=allow_modules, dry_run=dry_run)
         out_.emit(report, render=render_fold)
         return
+    if dry_run:
+        raise click.UsageError("--dry-run is for --base ART --misses LOG (the fold's plan)")
     if not source or not target:
         raise click.UsageError("give ART|RECORD and --target, or --base ART --misses LOG|DIR")
     from cachebake.cli.render import render_replay
@@ -75,13 +84,34 @@ def replay(source, target, out, base, misses, jobs, partial, layer_root, gpu_nam
 
 @main.command("misses")
 @click.argument("logs", nargs=-1, required=True, metavar="LOG|DIR...")
+@click.option("--vllm-cache", type=click.Path(file_okay=False), metavar="DIR",
+              help="First log the torch.compile dirs this server's VLLM_CACHE_ROOT (or a copy) "
+                   "holds that the bake lacks into LOG (one file); exit 6 on a link or odd name.")
+@click.option("--bake", type=click.Path(), metavar="ART",
+              help="--vllm-cache: the bake's dirs from this artifact (default: the install DIR/vllm belongs to).")
+@click.option("--target", type=GPU_TARGET, help="--bake: which of its bakes (default: its only one).")
+@click.option("--serve-args", "serve_args", metavar="FLAGS",
+              help="--vllm-cache: the server's `vllm serve` flags, logged for fold-back.")
+@click.option("--model-ref", "model_ref", metavar="REF",
+              help="--vllm-cache: the model the server passed to `vllm serve`.")
 @JSON_OPTION
-def misses_cmd(logs, as_json):
+def misses_cmd(logs, vllm_cache, bake, target, serve_args, model_ref, as_json):
     """Merge the serve-time miss logs of many replicas.
 
     Logs of install --overlay; misses per kernel and
-    specialization, replicas, first and last seen, count."""
+    specialization (and vLLM torch.compile dir), replicas, first and last seen, count."""
     from cachebake.cli.render import render_misses
-    from cachebake.replay.misses import merge
+    from cachebake.replay.misses import merge, record_vllm_cache
 
-    output(as_json).emit(merge(list(logs)), render=render_misses)
+    recorded = None
+    if vllm_cache:
+        if len(logs) != 1 or os.path.isdir(logs[0]):
+            raise click.UsageError("--vllm-cache appends to one LOG file: give exactly one")
+        recorded = record_vllm_cache(vllm_cache, logs[0], bake=bake, target=target,
+                                     serve_args=serve_args, model=model_ref)
+    elif bake or target or serve_args or model_ref:
+        raise click.UsageError("--bake, --target, --serve-args and --model-ref are for --vllm-cache")
+    report = merge(list(logs))
+    if recorded is not None:
+        report.recorded = recorded.to_dict()
+    output(as_json).emit(report, render=render_misses)

@@ -24,6 +24,10 @@
    target GPU travels in the log line (``timings``); it is written where Triton's autotuner
    reads it, and listed as carried from serve time.  A result the log lacks is listed as
    needing a benchmark on the target;
+6b. vllm misses (torch.compile dirs, cachebake.replay.vllm_fold): planned as one ``build``
+   round per logged flag set with ``--seed`` the base; the round needs vLLM and the target GPU
+   (exit 7 naming what is missing, before anything is compiled; ``dry_run`` shows the plan and
+   writes nothing); only the dirs the round wrote are packed, never the pod's bytes;
 7. pack the scratch tree as a new artifact with the base's fingerprint, roles and layer root;
    its compile record is the base's plus the folded entries (so a later ``replay`` for another
    target compiles them too), and the bake section gains a ``folded`` entry (``inspect`` shows
@@ -92,6 +96,10 @@ class FoldReport:
     log_lines: dict = field(default_factory=dict)
     record: dict = field(default_factory=dict)  # the new artifact's compile record, summarized
     seconds: float = 0.0
+    vllm: list[dict] = field(default_factory=list)  # the vllm rounds (vllm_fold.VllmRound)
+    vllm_in_base: list[dict] = field(default_factory=list)  # logged torch.compile dirs the base has
+    dry_run: bool = False  # the plan only: nothing compiled, nothing written
+    planned: list[dict] = field(default_factory=list)  # dry run: the kernel misses it would compile
 
     @property
     def ok(self) -> bool:
@@ -112,7 +120,9 @@ class FoldReport:
                 "failed": [{k: f[k] for k in ("kernel", "key", "reason")}
                            for f in self.failed[:MAX_FAILED_RECORDED]],
                 "failed_total": len(self.failed),
-                "helpers": [{k: h[k] for k in ("file", "folded")} for h in self.helpers]}
+                "helpers": [{k: h[k] for k in ("file", "folded")} for h in self.helpers],
+                "vllm": [{"serve_args": r["serve_args"], "packed": r["packed"],
+                          "not_reproduced": r["not_reproduced"]} for r in self.vllm]}
 
 
 def check_same_compiler(base_fingerprint: dict, target: str) -> None:
@@ -131,9 +141,12 @@ def check_same_compiler(base_fingerprint: dict, target: str) -> None:
 def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str, *,
                 target: str | None = None, jobs: int | None = None,
                 progress: Callable[[str], None] | None = None,
-                allow_modules: Iterable[str] = ()) -> FoldReport:
+                allow_modules: Iterable[str] = (), dry_run: bool = False) -> FoldReport:
     """``allow_modules``: modules the logged records may name beyond the kernel packages
-    cachebake bakes and the modules of the base's own compile record."""
+    cachebake bakes and the modules of the base's own compile record.  ``dry_run``: the plan
+    (kernel misses, vllm rounds with their command lines), nothing compiled or written."""
+    from cachebake.replay import vllm_fold
+
     from cachebake.artifact.pack import CacheRoot, pack_artifact, work_dir_beside
     from cachebake.artifact.reader import open_source
 
@@ -156,6 +169,23 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
                         log_lines={"lines": merged.lines, "unreadable": merged.unreadable,
                                    "foreign": merged.foreign, "malformed": merged.malformed,
                                    "skipped_files": merged.skipped})
+    rounds, base_units = [], set()
+    vllm_groups = misses_mod.misses_of(merged, "vllm")
+    if vllm_groups:
+        base_units = vllm_fold.layer_units(source, bake)
+        rounds, report.vllm_in_base, refused = vllm_fold.plan_rounds(
+            vllm_groups, base_units, manifest.bake, base, bake.target, manifest.layer_root)
+        report.failed += refused
+    if dry_run:
+        report.dry_run = True
+        report.planned = [_summary(g) for g in misses_mod.misses_of(merged, "kernel") if _names_ok(g, report)]
+        for r in rounds:
+            r.status = "dry-run"
+        report.vllm = [r.to_dict() for r in rounds]
+        report.seconds = round(time.monotonic() - started, 3)
+        return report
+    if rounds:
+        vllm_fold.preflight(rounds)  # exit 7 before anything is compiled or written
     _writable_parent(Path(out).absolute().parent)
     # beside --out, locked while we live: what a killed fold leaves, the next pack removes
     work, lock_fd = work_dir_beside(Path(out).absolute(), "fold")
@@ -176,6 +206,12 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
                               if _names_ok(g, report)]
         finally:
             os.close(tfd)
+        for i, r in enumerate(rounds):
+            round_art = vllm_fold.run_round(r, i, work, base, bake.target, manifest.layer_root, jobs,
+                                            tuple(allowed), progress=None)
+            vllm_fold.settle(r, vllm_fold.take_round_units(round_art, bake.target, base_units,
+                                                           root / "vllm", work))
+        report.vllm = [r.to_dict() for r in rounds]
         record.add(CompileRecord(compiles=folded))
         report.record = record.summary()
         bake_section = manifest.bake.to_json()
@@ -183,6 +219,8 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
         roles = [CacheRoot(r, root / r) for r in manifest.roles if (root / r).is_dir()]
         if not any(c.role == "triton" for c in roles):
             roles.append(CacheRoot("triton", triton_dir))
+        if (root / "vllm").is_dir() and not any(c.role == "vllm" for c in roles):
+            roles.append(CacheRoot("vllm", root / "vllm"))
         packed = pack_artifact(roles, out, target=bake.target, bake=bake_section, record=record,
                                layer_root=manifest.layer_root, fingerprint_from=manifest.fingerprint.to_json())
     finally:

@@ -19,6 +19,7 @@ them before it uses one (cachebake.replay.foldback).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
@@ -28,10 +29,13 @@ from typing import Iterator
 
 from cachebake.capture.record import CompileSpec
 from cachebake.errors import BadInput, InvalidDocument, from_os_error
+from cachebake.fsops import write_all
 from cachebake.jsonio import open_regular, parse_json
 from cachebake.serve.misslog import FORMAT
 
-MISS_KINDS = ("kernel", "autotune", "helper")
+MISS_KINDS = ("kernel", "autotune", "helper", "vllm")
+VLLM_UNITS = ("backend", "aot")
+MAX_SERVE_ARGS = 64  # flags in a vllm line's serve_args (a recipe has 6)
 MAX_LINE_BYTES = 1 << 20  # a line with its record and an autotune's timings is a few kB
 MAX_FIELD = 1024  # characters of a name, key, time or replica field
 LINE_DOCUMENT = "miss line"
@@ -54,7 +58,8 @@ class MissGroup:
         d = {k: v for k, v in vars(self).items() if k != "entry"}
         d["seconds"] = round(self.seconds, 4)
         d["record"] = self.entry.get("record")
-        for k in ("tuning_key", "configs", "timings", "file"):
+        for k in ("tuning_key", "configs", "timings", "file", "role", "unit", "backend_dir", "aot",
+                  "files", "bytes", "serve_args", "model"):
             if k in self.entry:
                 d[k] = self.entry[k]
         return d
@@ -69,6 +74,7 @@ class MissReport:
     malformed: int = 0  # miss lines whose fields have the wrong type
     skipped: list[str] = field(default_factory=list)  # files under a directory that are not regular
     groups: list[MissGroup] = field(default_factory=list)
+    recorded: dict | None = None  # misses --vllm-cache: what the scan added (VllmRecordReport)
 
     @property
     def misses(self) -> int:
@@ -82,7 +88,8 @@ class MissReport:
         return {"logs": self.logs, "lines": self.lines, "unreadable_lines": self.unreadable,
                 "foreign_lines": self.foreign, "malformed_lines": self.malformed,
                 "skipped_files": self.skipped, "misses": self.misses, "replicas": self.replicas,
-                "groups": [g.to_dict() for g in self.groups]}
+                "groups": [g.to_dict() for g in self.groups],
+                **({"vllm_cache": self.recorded} if self.recorded is not None else {})}
 
 
 def log_files(paths: list[str], skipped: list[str] | None = None) -> list[Path]:
@@ -191,13 +198,56 @@ def line_problem(e: dict) -> str | None:
     for key in ("configs", "timings"):
         if e.get(key) is not None and not isinstance(e[key], list):
             return key
+    if e["kind"] == "vllm":
+        return _vllm_problem(e)
     return None
+
+
+def _vllm_problem(e: dict) -> str | None:
+    """A vllm line's own fields: the role, the unit's kind and dir (the shapes vLLM writes,
+    cachebake.serve.vllm_misses), counts, flags and model as the server logs them."""
+    from cachebake.serve.vllm_misses import AOT, Unit, unit_of
+
+    if e.get("role") != "vllm":
+        return "role"
+    if e.get("unit") not in VLLM_UNITS:
+        return "unit"
+    where = "aot" if e["unit"] == AOT else "backend_dir"
+    unit = unit_of(e[where]) if isinstance(e.get(where), str) and len(e[where]) <= MAX_FIELD else None
+    if not isinstance(unit, Unit) or unit.kind != e["unit"] or unit.rel != e[where] \
+            or unit.hash != e["key"] or unit.label != e["kernel"]:
+        return where
+    for key in ("files", "bytes"):
+        if e.get(key) is not None and not (type(e[key]) is int and e[key] >= 0):
+            return key
+    args = e.get("serve_args")
+    if args is not None and not (isinstance(args, dict) and len(args) <= MAX_SERVE_ARGS
+                                 and all(isinstance(k, str) and len(k) <= 64 for k in args)):
+        return "serve_args"
+    if e.get("model") is not None and not (isinstance(e["model"], str) and len(e["model"]) <= MAX_FIELD):
+        return "model"
+    return None
+
+
+def serve_flags_text(args: dict | None) -> str:
+    """A vllm line's serve args as the flags a person reads (``--x 1 --y``), one line."""
+    if args is None:
+        return "(no serve flags logged)"
+    from cachebake.vllm.serveargs import serve_args_to_flags
+
+    try:
+        return " ".join(serve_args_to_flags(args)) or "(no flags)"
+    except (TypeError, ValueError):
+        return "(serve flags not readable)"
 
 
 def specialization(entry: dict) -> str:
     """``*fp16,*fp16,i32 BLOCK=512 num_warps=8`` for a kernel; the tuning key for an
     autotune result; the file for a helper."""
     kind = entry["kind"]
+    if kind == "vllm":
+        where = entry.get("aot") or entry.get("backend_dir")
+        return f"{where}, {entry.get('files')} files, flags {serve_flags_text(entry.get('serve_args'))}"
     if kind == "autotune":
         return f"tuning key {entry.get('tuning_key')}, {len(entry.get('configs') or [])} configs"
     if kind == "helper":
@@ -256,3 +306,75 @@ def merge(paths: list[str]) -> MissReport:
 
 def misses_of(report: MissReport, kind: str) -> list[MissGroup]:
     return [g for g in report.groups if g.kind == kind]
+
+
+@dataclass
+class VllmRecordReport:
+    """``misses --vllm-cache``: what a scan of a server's vLLM cache added to its miss log."""
+
+    cache: str
+    log: str
+    inventory: str  # where the bake's list of dirs came from
+    baked: int = 0  # baked torch.compile dirs found there
+    logged: list[dict] = field(default_factory=list)  # new dirs, one line each
+    already: int = 0  # new dirs the log already had
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def record_vllm_cache(cache: str, log: str, *, bake: str | None = None, target: str | None = None,
+                      serve_args: str | None = None, model: str | None = None) -> VllmRecordReport:
+    """Scan ``cache`` (a server's VLLM_CACHE_ROOT, or a copy of it) for torch.compile dirs the
+    bake lacks and append one miss line per new dir to ``log`` (a dir the log already names is
+    not added again).  The bake's inventory: ``bake`` (an artifact: its layer's entries) or
+    else the install ``cache`` is the vllm role of.  ``serve_args``: the server's flags (as
+    ``--serve-args`` takes them), ``model`` its model reference: recorded for fold-back.
+    VllmCacheRefused (exit 6) for a tree vLLM did not write; BadInput (exit 3) otherwise."""
+    from cachebake.serve import misslog, overlay
+    from cachebake.serve import vllm_misses as vm
+    from cachebake.vllm.serveargs import parse_serve_args
+
+    if not os.path.isdir(cache):
+        raise BadInput(f"--vllm-cache {cache}: no such directory")
+    if bake is not None:
+        from cachebake.artifact.reader import open_source
+        from cachebake.replay.vllm_fold import layer_units
+
+        source = open_source(bake)
+        baked, where = layer_units(source, source.select(target)), f"the layer of {bake}"
+    else:
+        baked = vm.installed_inventory(cache)
+        if baked is None:
+            raise BadInput(f"--vllm-cache {cache}: not the vllm role of an install (no install.json "
+                           "lists it): give the bake with --bake ART")
+        where = "install.json"
+    args = parse_serve_args(serve_args) if serve_args is not None else None
+    try:
+        result = vm.scan(cache, baked)
+    except OSError as e:
+        raise from_os_error(e, cache) from None
+    report = VllmRecordReport(cache=cache, log=log, inventory=where, baked=result.baked)
+    seen: set[tuple[str, str]] = set()
+    if os.path.lexists(log):
+        prior = MissReport(logs=[log])
+        for e in read_lines(Path(log), prior):
+            if e["kind"] == vm.KIND:
+                seen.add((e["kernel"], e["key"]))
+    lines = vm.miss_lines(result, args, model, "vllm cache")
+    new = [e for e in lines if (e["kernel"], e["key"]) not in seen]
+    report.already = len(lines) - len(new)
+    if new:
+        try:
+            fd = misslog.open_log(log)
+        except overlay.Refused as e:
+            raise BadInput(f"{log}: the miss log {e}") from None
+        except OSError as e:
+            raise from_os_error(e, log) from None
+        try:
+            write_all(fd, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in new).encode())
+        finally:
+            os.close(fd)
+    report.logged = [{k: e.get(k) for k in ("unit", "backend_dir", "aot", "files", "bytes")
+                      if e.get(k) is not None} for e in new]
+    return report

@@ -10,6 +10,14 @@ add_kernel.json metadata unreadable (not valid JSON: ...)``), who saw it (``host
 ``spec_from_compile``: the entry a bake's compile record holds), an autotune result's
 ``tuning_key``, ``configs`` and ``timings``.
 
+The ``vllm`` role's misses (``kind: vllm``, ``role: vllm``; cachebake.serve.vllm_misses) are
+torch.compile dirs the server wrote that the bake lacked, logged at the API server's exit: the
+dir names only (``backend_dir``: ``torch_compile_cache/<10 hex>/rank_<i>_<j>/<prefix>``, or
+``aot``: ``torch_compile_cache/torch_aot_compile/<64 hex>``, relative to the cache root; ``kernel``
+the rank/prefix or ``torch_aot_compile``, ``key`` the hash), ``files`` and ``bytes``, and the
+server's ``serve_args`` and ``model`` as its ``vllm serve`` command line gave them; never a
+file's bytes.
+
 Lines go to ``$CACHEBAKE_MISS_LOG`` (``<overlay>/misses.jsonl`` by default) with one ``write``
 on an ``O_APPEND`` descriptor, so processes sharing the file never interleave within a line.
 The file is opened O_NOFOLLOW|O_NONBLOCK, inside the overlay through the overlay's own checks

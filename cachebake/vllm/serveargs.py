@@ -278,3 +278,47 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
         env["HF_HUB_CACHE"] = _identity_path(identity, "model.hf_hub_cache", model["hf_hub_cache"])
         env["HF_HUB_OFFLINE"] = "1"
     return env
+
+
+# ---- the flags a logged server may hand a fold round ------------------------------------------
+#
+# Fold-back (cachebake.replay.vllm_fold) runs vLLM's engine on the fold machine with the serve
+# flags a server logged (cachebake.serve.vllm_misses).  A log is the pod's, so only flags that
+# shape what torch.compile and the kernels compile pass, with plain values: no flag that loads
+# code (trust_remote_code, worker or logits-processor classes, compilation passes), names a
+# place or a service (paths, tokenizers, downloads, KV connectors) or another model
+# (speculative_config).  A flag outside this list keeps its miss from being folded, named.
+FOLD_FLAGS = frozenset({
+    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "dtype",
+    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+    "enable_prefix_caching", "enable_chunked_prefill", "mamba_ssm_cache_dtype", "mamba_cache_dtype",
+    "mamba_block_size", "kv_cache_dtype", "gpu_memory_utilization", "quantization", "seed",
+    "cuda_graph_sizes", "max_seq_len_to_capture", "max_cudagraph_capture_size", "async_scheduling",
+    "disable_cascade_attn", "enable_expert_parallel", "kv_cache_memory_bytes",
+    "num_gpu_blocks_override", "max_num_partial_prefills", "long_prefill_token_threshold",
+    "disable_custom_all_reduce", "calculate_kv_scales",
+})
+_FOLD_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
+
+
+def fold_flag_problem(serve_args: Any) -> str | None:
+    """Why logged serve args may not drive a fold round (None: they may): a mapping of
+    ``FOLD_FLAGS`` names to booleans, numbers, short tokens or lists of integers."""
+    if not isinstance(serve_args, dict):
+        return "no serve flags were logged"
+    for key, value in serve_args.items():
+        if key not in FOLD_FLAGS:
+            return (f"flag --{str(key).replace('_', '-')[:64]} is not one a fold round takes from a "
+                    "log (only flags that shape the compiled graphs, never code, places or models)")
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value != value or value in (float("inf"), float("-inf")):
+                return f"flag --{key.replace('_', '-')} has a non-finite value"
+            continue
+        if isinstance(value, str) and _FOLD_TOKEN.match(value):
+            continue
+        if isinstance(value, list) and len(value) <= 256 and all(type(v) is int for v in value):
+            continue
+        return f"flag --{key.replace('_', '-')} has a value that is no plain token or number"
+    return None
