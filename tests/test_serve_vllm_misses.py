@@ -120,6 +120,43 @@ def test_exit_hook_logs_names_counts_and_flags_never_bytes(served, tmp_path, mon
     assert "--mamba-ssm-cache-dtype bfloat16" in report.groups[0].specialization
 
 
+def test_exit_hook_in_an_image_volume_pod_takes_what_was_there_at_start(base_art, tmp_path, monkeypatch):
+    """The image-volume Pod: the layer's vllm role copied (its init container's `cp -a`) into an
+    emptyDir, no install.json anywhere.  What the copy held when the server parsed its command
+    line is the bake; what the server wrote after it is logged."""
+    import shutil
+
+    install_artifact(base_art, tmp_path / "layer", target="sm_90")
+    pod_cache = tmp_path / "emptydir" / "vllm"
+    shutil.copytree(tmp_path / "layer" / "vllm", pod_cache, symlinks=True)
+    assert vm.installed_inventory(str(pod_cache)) is None
+    log = tmp_path / "overlay" / "misses.jsonl"
+    monkeypatch.setattr(vm, "_hooked", False)
+    monkeypatch.setattr(vm, "_present_at_start", None)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(pod_cache))
+    monkeypatch.setenv("CACHEBAKE_MISS_LOG", str(log))
+    monkeypatch.setattr(sys, "argv", SERVER_ARGV)
+    registered = []
+    monkeypatch.setattr("atexit.register", registered.append)
+    assert vm.install_exit_hook() is True and registered == [vm.record_at_exit]
+    serve_with_new_flag(pod_cache)
+    vm.record_at_exit()
+    lines = [json.loads(x) for x in log.read_bytes().splitlines()]
+    assert {e.get("backend_dir") or e.get("aot") for e in lines} == {NEW_BACKEND, NEW_AOT}
+
+
+def test_exit_hook_not_registered_on_a_hostile_cache_at_start(tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "vllm"
+    (cache / "torch_compile_cache").mkdir(parents=True)
+    (cache / "torch_compile_cache" / "0123456789").symlink_to(tmp_path)
+    monkeypatch.setattr(vm, "_hooked", False)
+    monkeypatch.setattr(vm, "_present_at_start", None)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache))
+    monkeypatch.setattr(sys, "argv", SERVER_ARGV)
+    assert vm.install_exit_hook() is False
+    assert "not logged" in capsys.readouterr().err
+
+
 def test_exit_hook_only_in_the_vllm_serve_process(monkeypatch):
     monkeypatch.setattr(vm, "_hooked", False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", "/x")

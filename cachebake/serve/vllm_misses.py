@@ -312,6 +312,8 @@ def miss_lines(result: Scan, serve_args: Optional[dict], model: Optional[str], s
 
 STORED = "vllm cache"  # the miss line's ``stored``: the server's VLLM_CACHE_ROOT
 _hooked = False
+# the units of a cache root that is no installed role, when the server started (install_exit_hook)
+_present_at_start: Optional[set[Unit]] = None
 
 
 def record_at_exit() -> None:
@@ -325,6 +327,8 @@ def record_at_exit() -> None:
         return
     try:
         baked = installed_inventory(root)
+        if baked is None:
+            baked = _present_at_start
         if baked is None:
             print(f"cachebake: {root} is not an installed vllm role (no install.json beside it): its "
                   "torch.compile misses are not logged; run `cachebake misses --vllm-cache DIR "
@@ -340,10 +344,23 @@ def record_at_exit() -> None:
 
 def install_exit_hook() -> bool:
     """Register ``record_at_exit`` once, in the ``vllm serve`` process only (the API server:
-    the engine and workers have exited by its atexit)."""
-    global _hooked
-    if _hooked or server_flags(sys.argv) is None or not os.environ.get("VLLM_CACHE_ROOT"):
+    the engine and workers have exited by its atexit).
+
+    Where the cache root is no installed role (the image-volume Pod copies the layer's ``vllm``
+    role into an emptyDir: no install.json there), the units present now are the bake's: vLLM
+    loads general plugins while it parses the command line (``AsyncEngineArgs.add_cli_args``,
+    0.24 and 0.34), before it starts the engine core, which compiles."""
+    global _hooked, _present_at_start
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    if _hooked or server_flags(sys.argv) is None or not root:
         return False
+    if installed_inventory(root) is None:
+        try:
+            _present_at_start = {n.unit for n in scan(root, set()).new}
+        except (VllmCacheRefused, OSError) as e:
+            why = e.line() if isinstance(e, VllmCacheRefused) else f"{root}: {e.strerror or e}"
+            print(f"cachebake: vLLM cache misses are not logged: {why}", file=sys.stderr, flush=True)
+            return False
     import atexit
 
     atexit.register(record_at_exit)
