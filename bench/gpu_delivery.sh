@@ -22,11 +22,16 @@
 #   miss          the image-volume Pod with `--mamba-ssm-cache-dtype bfloat16` appended (a flag
 #                 the bake lacks): misses must go to the overlay, nothing may crash
 #   pods          init then image-volume (one call, ~7 min)
+#   fold          issue 32: the miss Pod's overlay log (Triton and vllm-role lines) folded into ART
+#                 by `cachebake replay --base ART --misses LOG` (--dry-run first; one vLLM round on
+#                 this GPU), then `cachebake diff ART FOLDED`; the folded bake at /srv/gd/folded
+#   again         the image-volume Pod of the folded bake (ART = /srv/gd/folded) with the same flag:
+#                 expect 0 Triton compiles, AOT loaded, no overlay misses
 # The Pods run as written; the runner appends only what this machine needs and logs it:
 # `--load-format dummy --tokenizer MODEL` to the server (no weights here), and the monitor's
 # log (CACHEBAKE_MONITOR_LOG + a bind for it).
 set -uo pipefail
-STAGE=${1:?usage: bash bench/gpu_delivery.sh setup|init|image-volume|dockerfile|miss|pods ART}
+STAGE=${1:?usage: bash bench/gpu_delivery.sh setup|init|image-volume|dockerfile|miss|pods|fold|again ART}
 ART_IN=${2:?the bake artifact (a --driver vllm bake for this vLLM)}
 SRC=$(pwd)
 VSITE=${VSITE:-/tmp/v34site}
@@ -87,7 +92,7 @@ setup() {
   cp "$SRC/docker/install-cachebake.sh" "$G/ctx/docker/"
   chmod 755 "$G/img/bin/"*
   if [ ! -f "$G/art/index.json" ] || ! cmp -s "$ART_IN/index.json" "$G/art/index.json"; then
-    rm -rf "$G/art" && cp -a "$ART_IN" "$G/art"
+    rm -rf "$G/art" "$G/cache-tree" && cp -a "$ART_IN" "$G/art"
   fi
   CB serve-args "$G/art" --target sm_90 --json >"$R/serve-args.json" || { log "serve-args failed"; return 1; }
   MODEL=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["argv"][2])' "$R/serve-args.json")
@@ -234,6 +239,27 @@ for k, v in sa["env"].items():
   mkdir -p "$R/dockerfile" && cp -r "$W/df/runner.log" "$W/df/logs" "$W/events" "$W/runner.out" "$R/dockerfile/" 2>/dev/null
 }
 
+NEW_FLAG=(--add-arg vllm:--mamba-ssm-cache-dtype --add-arg vllm:bfloat16)  # a flag the bake lacks
+
+# fold: the miss Pod's overlay log into ART (issue 32), on this GPU; diff the two
+fold() {
+  local log
+  log=$(find "$G/run-miss/pod/volumes" -path '*cachebake-overlay*' -name misses.jsonl 2>/dev/null | head -n 1)
+  [ -n "$log" ] || { log "fold: no miss log under $G/run-miss (run the miss stage first)"; return 1; }
+  cp "$log" "$R/misses.jsonl"
+  log "fold: $(wc -l <"$log") miss lines, $(grep -c '"kind": *"vllm"' "$log") of the vllm role"
+  rm -rf "$G/folded" "$G/fold-work" /var/cache/cachebake
+  CB replay --base "$G/art" --misses "$R/misses.jsonl" --out "$G/folded" --dry-run >"$R/fold-plan.out" 2>&1
+  log "fold --dry-run: rc=$?"; cat "$R/fold-plan.out"
+  local t0=$SECONDS
+  timeout 520 env PYTHONPATH="$G/img/cb:$SITE:$VSITE" "$PY" -m cachebake.cli replay --base "$G/art" \
+    --misses "$R/misses.jsonl" --out "$G/folded" --json >"$R/fold.json" 2>"$R/fold.err"
+  log "fold: rc=$? $((SECONDS - t0)) s"; tail -n 5 "$R/fold.err"
+  CB diff "$G/art" "$G/folded" >"$R/diff.txt" 2>&1; log "diff: rc=$?"; head -n 40 "$R/diff.txt"
+  CB diff "$G/art" "$G/folded" --json >"$R/diff.json" 2>/dev/null
+  [ -d "$G/folded" ] && chmod -R a+rX "$G/folded" && tar -C "$G" -cf "$R/folded.tar" folded
+}
+
 table() {
   [ -f "$R/summary.jsonl" ] || return 0
   "$PY" - "$R/summary.jsonl" <<'EOF'
@@ -267,6 +293,8 @@ init) pod init "$R/init.yaml" "$REQUESTS" ;;
 image-volume) pod image-volume "$R/image-volume.yaml" "$REQUESTS" ;;
 pods) pod init "$R/init.yaml" "$REQUESTS"; pod image-volume "$R/image-volume.yaml" "$REQUESTS" ;;
 dockerfile) dockerfile ;;
-miss) pod miss "$R/image-volume.yaml" 32 --add-arg vllm:--mamba-ssm-cache-dtype --add-arg vllm:bfloat16 ;;
+miss) pod miss "$R/image-volume.yaml" 32 "${NEW_FLAG[@]}" ;;
+again) pod again "$R/image-volume.yaml" "$REQUESTS" "${NEW_FLAG[@]}" ;;
+fold) fold ;;
 *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

@@ -86,6 +86,27 @@ def test_flags_that_load_code_or_name_places_are_not_folded(base_art, logged, tm
     assert "--max-num-seqs has a value that is no plain token" in reasons
 
 
+def test_a_pods_serving_flags_are_left_out_not_refused(served, base_art, tmp_path, monkeypatch):
+    """The server as a Pod runs it (its port; the bench runner's --load-format dummy --tokenizer):
+    those flags never shape the graphs, so the round takes the others and names them."""
+    serve_with_new_flag(served)
+    log = tmp_path / "pod-overlay" / "misses.jsonl"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(served))
+    monkeypatch.setenv("CACHEBAKE_MISS_LOG", str(log))
+    monkeypatch.setattr(sys, "argv", SERVER_ARGV + ["--load-format", "dummy", "--tokenizer",
+                                                    "/models/nemotron-h-8b", "--port", "8000"])
+    vm.record_at_exit()
+    r = run("replay", "--base", base_art, "--misses", log, "--out", tmp_path / "n", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    [rnd] = json.loads(r.output)["vllm"]
+    assert rnd["left_out"] == ["load_format", "port", "tokenizer"]
+    assert rnd["serve_args"] == {"max_num_seqs": 64, "mamba_ssm_cache_dtype": "bfloat16"}
+    argv = rnd["argv"]
+    assert argv[argv.index("--serve-args") + 1] == "--max-num-seqs 64 --mamba-ssm-cache-dtype bfloat16"
+    text = run("replay", "--base", base_art, "--misses", log, "--out", tmp_path / "n", "--dry-run")
+    assert "left out (serving only, never applied): --load-format --port --tokenizer" in text.output
+
+
 def test_dirs_the_base_has_are_not_planned(base_art, logged, tmp_path):
     lines = [json.loads(x) for x in logged.read_text().splitlines()]
     e = next(x for x in lines if x["unit"] == "backend")

@@ -338,6 +338,9 @@ def _render_vllm_rounds(report, console: Console) -> None:
                       highlight=False)
         console.print(f"    {printable(' '.join(shlex.quote(a) for a in r['argv']))}", highlight=False,
                       markup=False)
+        if r.get("left_out"):
+            console.print(f"    left out (serving only, never applied): "
+                          f"{safe(' '.join('--' + f.replace('_', '-') for f in r['left_out']))}", highlight=False)
         for u in r["units"]:
             state = ("packed" if u["dir"] in r["packed"] else "NOT reproduced by the round"
                      if r["status"] == "built" else "to regenerate")

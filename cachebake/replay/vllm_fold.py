@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cachebake.errors import Unsupported
 from cachebake.serve.vllm_misses import ROLE, Unit, unit_of, units_of
-from cachebake.vllm.serveargs import fold_flag_problem, serve_args_to_flags
+from cachebake.vllm.serveargs import SERVING_ONLY_FLAGS, fold_flag_problem, serve_args_to_flags
 
 
 @dataclass
@@ -46,6 +46,7 @@ class VllmRound:
     model_dir: str | None = None
     round_serve_args: dict = field(default_factory=dict)  # the base's serve args updated by the log
     argv: list[str] = field(default_factory=list)  # the `cachebake build` the round is
+    left_out: list[str] = field(default_factory=list)  # logged serving-only flags (never applied)
     status: str = "planned"  # planned | dry-run | built
     packed: list[str] = field(default_factory=list)  # dirs the round wrote that are now packed
     not_reproduced: list[str] = field(default_factory=list)  # logged dirs the round did not write
@@ -81,6 +82,10 @@ def plan_rounds(groups: list, base_units: set[Unit], bake_record, base: str, tar
             in_base.append(summary)
             continue
         args = g.entry.get("serve_args")
+        left_out: list[str] = []
+        if isinstance(args, dict):  # the server's own flags: how it was reached is no compile flag
+            left_out = sorted(str(k) for k in args if k in SERVING_ONLY_FLAGS)
+            args = {k: v for k, v in args.items() if k not in SERVING_ONLY_FLAGS}
         problem = fold_flag_problem(args)
         if problem is None and warmup.get("driver") != "vllm":
             problem = ("the base bake records no vllm-driver warmup (recipe, serve args, model "
@@ -96,6 +101,7 @@ def plan_rounds(groups: list, base_units: set[Unit], bake_record, base: str, tar
                                           tp=warmup.get("tp"), model_dir=warmup.get("model_dir"),
                                           round_serve_args=merged)
             r.argv = round_argv(r, base, target, layer_root)
+        r.left_out = sorted(set(r.left_out) | set(left_out))
         model = g.entry.get("model")
         if isinstance(model, str) and model and model not in r.models:
             r.models.append(model)

@@ -298,6 +298,20 @@ FOLD_FLAGS = frozenset({
     "num_gpu_blocks_override", "max_num_partial_prefills", "long_prefill_token_threshold",
     "disable_custom_all_reduce", "calculate_kv_scales",
 })
+# Flags that only say how the server is reached, logs, or finds its weights and tokenizer, never
+# what it compiles: a fold round leaves them out of a logged flag set (named in its plan) rather
+# than refusing the set.  A served Pod always has some (--port, and the bench runner's
+# --load-format dummy --tokenizer).  Left out means never applied, so a flag here that did shape
+# the graphs shows as "not reproduced", never as a wrong bake.
+SERVING_ONLY_FLAGS = frozenset({
+    "host", "port", "uds", "tokenizer", "tokenizer_mode", "load_format", "download_dir",
+    "served_model_name", "api_key", "uvicorn_log_level", "disable_uvicorn_access_log",
+    "disable_log_stats", "disable_log_requests", "enable_log_requests", "max_log_len",
+    "root_path", "allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials",
+    "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "chat_template",
+    "response_role", "enable_auto_tool_choice", "tool_call_parser", "enable_request_id_headers",
+    "disable_fastapi_docs", "enable_prompt_tokens_details", "return_tokens_as_token_ids",
+})
 _FOLD_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
 
 
