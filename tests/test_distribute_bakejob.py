@@ -1,6 +1,8 @@
 """`cachebake bake-job`: the bake matrix as Kubernetes Jobs, checked against the Kubernetes 1.35
 schema (kubernetes-validate --strict, offline) and read back as data: one Job per (GPU, recipe),
-on a node of that GPU, argv lists only, hostile values kept inside their strings."""
+on a node of that GPU, argv lists only, hostile values kept inside their strings; and (containers
+marker) both Jobs of a matrix played by podman with a stand-in bake, their pushed bakes merged
+and installed per target."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import subprocess
 import pytest
 import yaml
 
+from containerkit import cachebake_wheel, dockerfile_context, engines, serving_cachebake  # noqa: F401
 from installkit import cli
+from jobplay import SMI_PATH, CannotPlay, StandInNode, pod_of_job
 
 from cachebake.errors import ExitCode
 
@@ -106,3 +110,141 @@ def test_refusals_are_one_line(args, code, words):
     r = cli(*base, *args)
     assert r.returncode == code, r.stderr
     assert words in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_driver_command_takes_the_warmup_after_a_second_separator():
+    _, docs = _jobs("--driver", "command", "--", "--quiet-rounds", "1", "--", "python3", "warmup.py", "--x")
+    argv = docs[0]["spec"]["template"]["spec"]["initContainers"][0]["command"]
+    assert argv[argv.index("--driver") + 1] == "command"
+    assert argv[-6:] == ["--quiet-rounds", "1", "--", "python3", "warmup.py", "--x"]
+    for args in (["--driver", "command", "--", "--quiet-rounds", "1"], ["--driver", "command", "--", "x", "--"],
+                 ["--", "--", "python3", "warmup.py"]):
+        r = cli(*BASE, *args)
+        assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1, r.stderr
+
+
+# -------------------------------------------------------------------- the Jobs played by podman
+# Two stand-in nodes, one per --gpu of the matrix (what nvidia-smi prints on each; see tests/kit/jobplay.py).
+NODES = [StandInNode("NVIDIA-H200", "NVIDIA H200", "9.0"),
+         StandInNode("NVIDIA-GeForce-RTX-5090", "NVIDIA GeForce RTX 5090", "12.0")]
+STANDIN_WARMUP = ["python3", "/opt/cachebake-ci/aot_kernels.py", "--visible-gpu"]
+
+
+def test_the_converter_refuses_what_it_cannot_honour(tmp_path):
+    _, docs = _jobs("--pull-secret", "regcred")
+    with pytest.raises(CannotPlay, match="imagePullSecrets"):
+        pod_of_job(docs[0], NODES, tmp_path)
+    _, docs = _jobs()
+    playable = pod_of_job(docs[0], NODES, tmp_path)
+    assert playable.node.product == "NVIDIA-H200" and playable.deadline == 4 * 3600
+    for mutate, words in [
+            (lambda j: j["spec"].update(parallelism=2), "parallelism"),
+            (lambda j: j["spec"].update(backoffLimit=3), "backoffLimit"),
+            (lambda j: j["spec"]["template"]["spec"]["nodeSelector"].update(zone="a"), "zone"),
+            (lambda j: j["spec"]["template"]["spec"]["initContainers"][0]["resources"]["limits"].update(memory="1Gi"),
+             "memory"),
+            (lambda j: j["spec"]["template"]["spec"]["volumes"].append({"name": "x", "hostPath": {"path": "/"}}),
+             "emptyDirs"),
+            (lambda j: j["spec"]["template"]["spec"]["nodeSelector"].update({"nvidia.com/gpu.product": "A100"}),
+             "no stand-in node")]:
+        job = yaml.safe_load(yaml.safe_dump(docs[0]))
+        mutate(job)
+        with pytest.raises(CannotPlay, match=words):
+            pod_of_job(job, NODES, tmp_path)
+
+
+def _podman(engines, *args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*engines.podman, *map(str, args)], capture_output=True, text=True, **kw)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_podman_plays_both_jobs_and_their_bakes_merge_and_install_per_target(engines, serving_cachebake, tmp_path):
+    """Issue 32: the matrix `bake-job` writes for two GPUs (sm_90, sm_120) and one recipe, each Job
+    played by podman as its Pod (podman 4.3 plays no Job: tests/kit/jobplay.py, which refuses any
+    field it cannot honour).  In each Pod `cachebake build` really runs in the builder image (the
+    Dockerfile's serving-cachebake stage: Triton, cachebake, skopeo) with the stand-in warmup
+    (--driver command): real Triton cubins for the GPU its node reports; then `cachebake push`
+    puts the bake on the loopback registry at REPO/RECIPE:sm_XX, as the Job says.  Then `merge`
+    of the two tags, and `install` of the merge with each target's fingerprint of the image
+    (`cachebake fingerprint --target T` run in it), which picks that target's bake.  What stands in: the GPU node (nodeSelector
+    nvidia.com/gpu.product and the nvidia.com/gpu limit: the node's nvidia-smi, no GPU); the
+    warmup (vLLM's, in a real builder image).  Only podman's own flags differ from kubectl's:
+    the network (the registry is on this namespace's loopback) and plain-HTTP pulls."""
+    if not engines.podman:
+        pytest.skip("podman is not set up (CACHEBAKE_TEST_PODMAN): .ci/containers.sh does")
+    if not engines.private_netns:
+        pytest.skip("the Pods reach the registry through the host network of a private network "
+                    "namespace: run under .ci/containers.sh")
+    from cachebake.artifact.oci import open_artifact
+
+    engines.docker("push", serving_cachebake)
+    repo = f"docker://{engines.registry}/bakejob"
+    r = cli("bake-job", *(a for n in NODES for a in ("--gpu", f"{n.product}=sm_{n.compute_cap.replace('.', '')}")),
+            "--model", "nemotron-h", "--builder-image", serving_cachebake, "--repository", repo,
+            "--no-tls-verify", "--driver", "command", "--deadline", "600",
+            "--", "--quiet-rounds", "1", "--", *STANDIN_WARMUP)
+    assert r.returncode == 0, r.stderr
+    stream = tmp_path / "jobs.yaml"
+    stream.write_text(r.stdout)
+    checked = _validate(stream)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # As written, podman 4.3 plays none of it: no kind it knows.
+    play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", stream)
+    assert play.returncode != 0 and "does not contain any supported kube kind" in play.stderr, play.stderr
+    pushed = {}
+    for job in yaml.safe_load_all(r.stdout):
+        playable = pod_of_job(job, NODES, tmp_path)
+        name, target = job["metadata"]["name"], job["metadata"]["labels"]["dev.cachebake/target"]
+        assert playable.stood_in == [f"nodeSelector nvidia.com/gpu.product={playable.node.product}",
+                                     "container bake resources.limits nvidia.com/gpu=1"]
+        (bake,) = playable.pod["spec"]["initContainers"]  # the GPU's holder gets its node's nvidia-smi
+        assert {"name": "stand-in-nvidia-smi", "mountPath": SMI_PATH, "readOnly": True} in bake["volumeMounts"]
+        assert bake["command"] == job["spec"]["template"]["spec"]["initContainers"][0]["command"]
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(playable.pod))
+        volumes = [v["name"] for v in playable.pod["spec"]["volumes"] if "emptyDir" in v]
+        _podman(engines, "pod", "rm", "-f", name)
+        _podman(engines, "volume", "rm", "-f", *volumes)  # podman names an emptyDir by its volume's name
+        try:
+            play = _podman(engines, "kube", "play", "--network", "host", "--tls-verify=false", path,
+                           timeout=playable.deadline)
+            assert play.returncode == 0, play.stdout[-3000:] + play.stderr[-3000:]
+            _podman(engines, "wait", f"{name}-push", timeout=playable.deadline)
+            state = json.loads(_podman(engines, "inspect", f"{name}-push").stdout)[0]["State"]
+            logs = _podman(engines, "logs", f"{name}-push")
+            assert state["ExitCode"] == 0, logs.stdout[-3000:] + logs.stderr[-3000:]
+            (one,) = json.loads(logs.stdout[logs.stdout.index("{"):])["pushed"]
+            assert one["reference"] == f"{repo}/nemotron-h:{target}"
+            pushed[target] = one
+        finally:
+            _podman(engines, "pod", "rm", "-f", name)
+            _podman(engines, "volume", "rm", "-f", *volumes)
+    merged = tmp_path / "merged"
+    r = cli("merge", *(pushed[t]["reference"] for t in ("sm_90", "sm_120")), "--out", merged, "--json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(r.stdout)["targets"]) == ["cuda:120", "cuda:90"]
+    layout = open_artifact(merged)
+    for node in NODES:
+        target = f"sm_{node.compute_cap.replace('.', '')}"
+        key = f"cuda:{target[3:]}"
+        assert layout.select(key).layer_digest == pushed[target]["layer_digest"]
+        bake = json.loads((merged / "cachebake.json").read_text())["bakes"][key]
+        # the Pod's bake: its warmup, and the GPU its node reported
+        assert bake["bake"]["command"] == STANDIN_WARMUP, bake["bake"]
+        assert bake["fingerprint"]["gpu_name"] == node.gpu_name
+        # The server runs the builder's image (its Triton, its Python): install checks the bake
+        # against that image's fingerprint for the target, and picks the target's bake by it.
+        fp = tmp_path / f"fp-{target}"
+        fp.mkdir()
+        engines.run(serving_cachebake, "cachebake", "fingerprint", "--target", target, "--out", "/fp/fingerprint.json",
+                    docker_args=["-v", f"{fp}:/fp"])
+        dest = tmp_path / f"installed-{target}"
+        r = cli("install", merged, "--to", dest, "--fingerprint", fp / "fingerprint.json", "--json")
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["target"] == key and report["layer_digest"] == pushed[target]["layer_digest"]
+        kernels = [json.loads(p.read_text()) for p in (dest / "triton").glob("*/*.json")
+                   if not p.name.startswith("__grp__") and "target" in p.read_text()]
+        assert len(kernels) == 3 and {k["target"]["arch"] for k in kernels} == {int(target[3:])}
+        assert all(list((dest / "triton").glob(f"*/{k['name']}.cubin")) for k in kernels)

@@ -99,7 +99,8 @@ def _gpu_node(_ctx, _param, values):
               help="An image with vLLM and cachebake (and skopeo, for the push).")
 @click.option("--repository", required=True,
               help="docker://HOST/PATH: each recipe's bake is pushed to PATH/RECIPE:sm_XX.")
-@click.option("--driver", type=click.Choice(["vllm", "kernels"]), default="vllm", show_default=True)
+@click.option("--driver", type=click.Choice(["vllm", "kernels", "command"]), default="vllm", show_default=True,
+              help="command: BUILD_ARGS hold the warmup after a second -- (-- [OPTIONS] -- CMD...).")
 @click.option("--gpus-per-bake", type=click.IntRange(min=1), default=1, show_default=True,
               help="nvidia.com/gpu of each bake (its tensor parallel size).")
 @click.option("--pull-secret", type=SECRET_NAME,
@@ -118,7 +119,8 @@ def bake_job(gpus, models, builder_image, repository, driver, gpus_per_bake, pul
 
     Each Job runs `cachebake build` on a node of its GPU (nodeSelector nvidia.com/gpu.product)
     and pushes the bake to REPOSITORY/RECIPE:sm_XX.  BUILD_ARGS after -- go to `cachebake
-    build` as they are (e.g. --max-rounds 4).  Then `cachebake merge` the tags into one
+    build` as they are (e.g. --max-rounds 4); with --driver command, the warmup command follows
+    a second -- (`-- --max-rounds 2 -- python3 warmup.py`).  Then `cachebake merge` the tags into one
     artifact, or install docker://REPOSITORY/RECIPE (its GPU's tag)."""
     from cachebake.distribute.bakejob import BakeJobPlan, BakeJobsReport, bake_jobs, render_jobs
     from cachebake.distribute.k8s import default_format

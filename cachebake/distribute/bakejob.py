@@ -70,7 +70,7 @@ class BakeJobPlan:
     repository: str  # docker://HOST/PATH: each recipe pushes to PATH/<recipe>, one tag per target
     gpus: list[GPUNode]
     recipes: list[str]
-    driver: str = "vllm"
+    driver: str = "vllm"  # vllm | kernels | command (the warmup: build_args after their own "--")
     gpu_count: int = 1  # nvidia.com/gpu of the bake (tensor parallel)
     build_args: list[str] = field(default_factory=list)  # more `cachebake build` arguments, as argv
     pull_secret: str | None = None
@@ -170,6 +170,15 @@ def check_plan(plan: BakeJobPlan) -> None:
                        hint="keep the product the fleet serves on")
     if len(set(plan.recipes)) != len(plan.recipes):
         raise BadInput("--model names one recipe twice")
+    # `cachebake build` takes a warmup command after "--" with --driver command and refuses it
+    # with the others: refused here, before a Job on a GPU node would fail on it.
+    split = plan.build_args.index("--") if "--" in plan.build_args else None
+    if plan.driver == "command" and (split is None or split == len(plan.build_args) - 1):
+        raise BadInput("--driver command: give the warmup after a second --: `bake-job ... -- "
+                       "[BUILD OPTIONS] -- CMD...` (it runs in the builder image)")
+    if plan.driver != "command" and split is not None:
+        raise BadInput(f"--driver {plan.driver} bakes the recipe: a warmup command after a second -- "
+                       "is for --driver command")
 
 
 def bake_jobs(plan: BakeJobPlan) -> tuple[list[dict], list[str]]:

@@ -281,7 +281,8 @@ def _run_pool(pool, worker, compiles, carry, target, names, res, same_build, pro
             res.already += 1
         else:
             res.compiled += 1
-        launchers[out["launcher"]] = None
+        if out["launcher"] is not None:  # None: this Triton has no per-kernel launcher
+            launchers[out["launcher"]] = None
         done = copy.deepcopy(spec)
         done.target, done.hash, done.verified, done.seen = target, out["hash"], True, "compile"
         res.replayed.append(done)

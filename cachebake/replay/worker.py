@@ -146,10 +146,15 @@ def _tuning_values(text: str):
         return text
 
 
-def launcher_source(src, metadata) -> str:
+def launcher_source(src, metadata) -> str | None:
     """The C source of this kernel's ``__triton_launcher`` (triton/backends/nvidia/driver.py
-    CudaLauncher.__init__, without building or loading it)."""
-    from triton.backends.nvidia.driver import make_launcher
+    CudaLauncher.__init__, without building or loading it); None where Triton builds no
+    per-kernel launcher (3.8: CudaLauncher launches through cuda_utils' generic ``launch``,
+    and the driver module has no ``make_launcher``)."""
+    try:
+        from triton.backends.nvidia.driver import make_launcher
+    except ImportError:
+        return None
 
     constants = getattr(src, "constants", None) or {}
     arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731

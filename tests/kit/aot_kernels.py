@@ -4,9 +4,14 @@ Run as a script in a fresh process (TRITON_CACHE_DIR is read when Triton starts)
     TRITON_CACHE_DIR=... python tests/kit/aot_kernels.py  ->  {"hits": n, "misses": n, "keys": [...]}
 The tests bake with it, then run it again against an installed cache: same kernels, same
 signature/constexprs/attrs/target, so every compile must be a cache hit.
+
+``--visible-gpu``: compile for the GPU nvidia-smi reports (its compute capability), as Triton
+compiles for the GPU its driver reports on a real node; the bake Job's play
+(tests/test_distribute_bakejob.py) gives each Pod the nvidia-smi of its stand-in node.
 """
 
 import json
+import subprocess
 import sys
 
 import triton
@@ -36,7 +41,15 @@ SPECS = [
 ]
 
 
+def visible_target() -> GPUTarget:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "0"],
+                         capture_output=True, text=True, check=True, timeout=20).stdout
+    major, minor = out.strip().splitlines()[0].strip().split(".")
+    return GPUTarget("cuda", int(major) * 10 + int(minor), 32)
+
+
 def main() -> None:
+    target = visible_target() if sys.argv[1:] == ["--visible-gpu"] else GPUTarget("cuda", 90, 32)
     seen = []
     previous = triton.knobs.compilation.listener  # e.g. cachebake's monitor under build/verify
 
@@ -49,7 +62,7 @@ def main() -> None:
     triton.knobs.compilation.listener = listener
     keys = []
     for fn, sig, consts in SPECS:
-        k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs={}), target=GPUTarget("cuda", 90, 32))
+        k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs={}), target=target)
         keys.append(k.hash)
     json.dump({"hits": seen.count(True), "misses": seen.count(False), "keys": keys}, sys.stdout)
 
