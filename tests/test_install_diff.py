@@ -184,3 +184,31 @@ def test_real_vllm_bake_flag_change_named(vllm_bake, tmp_path):
     assert d["same_layer"]
     t = CliRunner().invoke(main, ["diff", str(vllm_bake), str(other)])
     assert "cache_config.mamba_ssm_cache_dtype: float32 -> bfloat16" in t.output
+
+
+def test_folded_flags_named(vllm_bake, tmp_path):
+    """A fold-back's bake (its bake section gains a ``folded`` entry whose vllm round packed
+    dirs for --mamba-ssm-cache-dtype bfloat16, as the H200 fold of 2026-12-03 wrote) against its
+    base: diff names that flag; a round that packed nothing, or serve args of another shape, name
+    none (the manifest schema refuses a fold entry that is no object)."""
+    from cachebake.artifact import oci
+    from cachebake.artifact.manifest import BakeManifest
+
+    other = tmp_path / "folded"
+    shutil.copytree(vllm_bake, other)
+    art = open_artifact(other)
+    doc = art.select().manifest.to_dict()
+    own = dict(doc["bake"]["serve_args"])
+    doc["bake"]["folded"] = [
+        {"vllm": [{"serve_args": {**own, "mamba_ssm_cache_dtype": "bfloat16"},
+                   "packed": ["torch_compile_cache/fddab831d4/rank_0_0/backbone"], "not_reproduced": []},
+                  {"serve_args": {**own, "max_num_seqs": 8}, "packed": [], "not_reproduced": ["x"]},
+                  {"serve_args": ["forged"], "packed": ["y"]}]}]
+    manifest = BakeManifest.from_dict(doc)
+    desc = oci.add_image(other, manifest)
+    oci.write_index(other, [desc], {manifest.target: {"manifest_digest": desc["digest"], **manifest.to_dict()}})
+    r = CliRunner().invoke(main, ["diff", str(vllm_bake), str(other), "--json"])
+    assert r.exit_code == ExitCode.DIFFERENT, r.output
+    d = json.loads(r.output.split("\ncachebake: error")[0])["bakes"][0]
+    assert [(f["factor"], f["a"], f["b"], f["category"]) for f in d["factors"]] == [
+        ("folded serve_args.mamba_ssm_cache_dtype", None, ["bfloat16"], "serve flags")]

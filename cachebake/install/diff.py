@@ -212,7 +212,28 @@ def key_factors(a: BakeManifest, b: BakeManifest) -> list[Factor]:
     if _model_ref(ra) != _model_ref(rb):
         out.append(Factor("model reference", "model", _model_ref(ra), _model_ref(rb)))
     _differ("serve flags", "serve_args", ra.get("serve_args"), rb.get("serve_args"), out)
+    _differ("serve flags", "folded serve_args", _folded_flags(ra), _folded_flags(rb), out)
     return out
+
+
+def _folded_flags(bake: dict) -> dict[str, list]:
+    """The serve flags a fold-back added torch.compile dirs for (the bake section's ``folded``
+    entries, cachebake.replay.foldback), each flag whose value differs from the bake's own serve
+    args, with the values folded: a folded bake's dirs for ``--mamba-ssm-cache-dtype bfloat16``
+    name that flag.  The section is the artifact's: anything of another shape is skipped."""
+    own = bake.get("serve_args") if isinstance(bake.get("serve_args"), dict) else {}
+    folds = bake.get("folded") if isinstance(bake.get("folded"), list) else []
+    out: dict[str, list] = {}
+    for fold in folds:
+        rounds = fold.get("vllm") if isinstance(fold, dict) else None
+        for r in rounds if isinstance(rounds, list) else []:
+            args = r.get("serve_args") if isinstance(r, dict) else None
+            if not isinstance(args, dict) or not r.get("packed"):
+                continue
+            for k, v in args.items():
+                if own.get(k) != v and v not in out.setdefault(str(k), []):
+                    out[str(k)].append(v)
+    return {k: v for k, v in out.items() if v}
 
 
 def _model_ref(bake: dict) -> Any:
