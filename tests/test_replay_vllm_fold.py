@@ -83,7 +83,7 @@ def test_flags_that_load_code_or_name_places_are_not_folded(base_art, logged, tm
     assert doc["vllm"] == []
     reasons = " | ".join(f["reason"] for f in doc["failed"])
     assert "--trust-remote-code is not one a fold round takes" in reasons
-    assert "--max-num-seqs has a value that is no plain token" in reasons
+    assert "--max-num-seqs has a value a fold round does not take: must be an integer" in reasons
 
 
 def test_dirs_the_base_has_are_not_planned(base_art, logged, tmp_path):
