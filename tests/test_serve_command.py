@@ -358,3 +358,41 @@ def test_the_variables_a_bake_runs_with_still_travel(triton_cache, tmp_path):
     assert r.returncode == 0, r.stderr
     assert changed["VLLM_USE_V2_MODEL_RUNNER"] == "1" and changed["TRITON_DEFAULT_FP_FUSION"] == "0"
     assert changed["DISABLE_PTXAS_OPT"] == "1"
+
+
+@pytest.mark.parametrize("env_root, code", [("/etc", ExitCode.OK), ("/tmp/evil/root", ExitCode.OK),
+                                            ("relative/root", ExitCode.CORRUPT),
+                                            ("/var/cache/cachebake/../../../etc", ExitCode.CORRUPT)])
+def test_without_root_the_bakes_own_env_root_never_chooses_where_the_roles_point(triton_cache, tmp_path,
+                                                                                env_root, code):
+    """serve-args without --root points the roles at the layer root (the default serving root
+    here), never at the root the bake record names: a forged bake.env.root is ignored, or refused
+    when it is no absolute path (exit 5)."""
+    from cachebake.roles import DEFAULT_ROOT, serving_env
+
+    art = _artifact(triton_cache, tmp_path, _bake(env={"root": env_root, "roles": ["triton"]}))
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == code, r.stderr
+    if code == ExitCode.OK:
+        assert changed["TRITON_CACHE_DIR"] == serving_env(str(DEFAULT_ROOT), ["triton"])["TRITON_CACHE_DIR"]
+        assert not any(env_root in v for v in changed.values())
+    else:
+        assert "bake.env.root" in r.stderr and changed == {} and argv == []
+
+
+@pytest.mark.parametrize("layer_root", ["/etc", "/var/run/secrets/kubernetes.io/serviceaccount"])
+def test_a_layer_root_other_than_the_default_serving_root_needs_root(triton_cache, tmp_path, layer_root):
+    """An artifact packed for another root does not choose where the roles point: without
+    --root, exit 3 asking for it (nothing printed to eval); with --root, the roles go there."""
+    art = tmp_path / "art"
+    pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90",
+                  bake=_bake(env={"root": layer_root}), layer_root=layer_root)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == ExitCode.BAD_INPUT and "give --root DIR" in r.stderr, r.stderr
+    assert changed == {} and argv == []
+    r, argv, changed = _eval(art, work, "--root", "/srv/cb")
+    assert r.returncode == 0 and changed["TRITON_CACHE_DIR"] == "/srv/cb/triton", r.stderr

@@ -192,9 +192,10 @@ def serve_command(facts: BakeFacts | dict, root: str | None = None,
     ``facts``: the bake as ``read_facts`` gives it (a manifest dict is typed once, here).
     ``root``: where the artifact is (or will be) installed; the cache roles' variables point
     under it (less the roles an install there left out).  ``overlay``: the layered cache
-    manager's writable dir (``roles.serving_overlay_env`` checks it).  Without ``root``, the root the bake
-    recorded; a manifest that records none gets no role variables, and a note says so (they
-    are never taken from the artifact's own record).  The environment is ``server_env``'s."""
+    manager's writable dir (``roles.serving_overlay_env`` checks it).  Without ``root``, the layer
+    root when it is the default serving root (``BakeFacts.recorded_root``; another is refused:
+    give ``root``); a manifest that records none gets no role variables, and a note says so
+    (they are never taken from the artifact's own record).  The environment is ``server_env``'s."""
     if not isinstance(facts, BakeFacts):
         facts = BakeFacts.from_document(facts, document)
     path, flags, notes = server_argv(facts)
