@@ -9,7 +9,9 @@ dict of ``EngineArgs`` field names, parsed from JSON or ``vllm serve`` flags
 vLLM's JIT warmup and CUDA graph capture, so a bake with it misses most of what the server
 compiles at startup), turned back into the exact flags (``serve_args_to_flags``), and resolved
 against a recipe (``resolve``).  The driver, the plan, ``serve-args`` and ``k8s`` all read them
-from here.
+from here.  What an artifact (or a server's log) may carry into a command is one allowlist,
+``SERVE_ARG_KINDS`` (``carried_serve_args``, ``fold_flag_problem``): a user's own serve args are
+never checked against it.
 """
 
 from __future__ import annotations
