@@ -396,3 +396,19 @@ def test_a_layer_root_other_than_the_default_serving_root_needs_root(triton_cach
     assert changed == {} and argv == []
     r, argv, changed = _eval(art, work, "--root", "/srv/cb")
     assert r.returncode == 0 and changed["TRITON_CACHE_DIR"] == "/srv/cb/triton", r.stderr
+
+
+def test_a_manifest_document_without_a_layer_root_takes_only_the_default_root_from_its_bake():
+    """A manifest JSON with no layer_root: its bake's env.root stands in only when it is the
+    default serving root; any other is exit 3 asking for --root, none at all exports no role."""
+    from cachebake.errors import BadInput
+    from cachebake.roles import DEFAULT_ROOT
+    from cachebake.serve.command import serve_command
+
+    def doc(env):
+        return {"bake": _bake(env=env)}
+    assert serve_command(doc({"root": str(DEFAULT_ROOT)})).env["TRITON_CACHE_DIR"] == f"{DEFAULT_ROOT}/triton"
+    with pytest.raises(BadInput, match="give --root DIR"):
+        serve_command(doc({"root": "/etc"}))
+    assert "TRITON_CACHE_DIR" not in serve_command(doc({})).env
+    assert serve_command(doc({"root": "/etc"}), root="/srv").env["TRITON_CACHE_DIR"] == "/srv/triton"

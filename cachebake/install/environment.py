@@ -198,13 +198,12 @@ class BakeFacts:
     def recorded_root(self) -> str | None:
         """The root a server finds the bake's roles under when the caller names none
         (``serve-args`` without ``--root``): the layer root, what the layer's paths were
-        written relative to (install at any other root rewrites them), and only where it is
+        written relative to (install at any other root rewrites them); for a manifest document
+        that records none, the root its bake ran at (``bake.env.root``).  Used only where it is
         the default serving root (``roles.DEFAULT_ROOT``: /var/cache/cachebake, or this
-        process's $CACHEBAKE_ROOT), so an artifact cannot point the roles' variables at a
-        place of its choosing.  Another layer root is refused (BadInput: give ``--root``); None
-        for a manifest document that records no layer root.  ``bake.env.root`` (where the bake
-        ran) is never taken; its shape is still checked (a malformed field is a malformed
-        document)."""
+        process's $CACHEBAKE_ROOT), so an artifact cannot point the roles' variables at a place
+        of its choosing: another is refused (BadInput: give ``--root``); None where neither is
+        recorded.  Both are checked when present (a malformed field is a malformed document)."""
         from cachebake.roles import DEFAULT_ROOT
 
         env_root = (self.bake.env or {}).get("root")
@@ -213,10 +212,11 @@ class BakeFacts:
                                       or _has_control(value) or ".." in value.split("/")):
                 raise InvalidDocument(self.document, where,
                                       "must be an absolute path without control characters or '..'")
-        if self.layer_root is None:
+        root = self.layer_root if self.layer_root is not None else env_root
+        if root is None:
             return None
-        if self.layer_root.rstrip("/") != str(DEFAULT_ROOT):
-            raise BadInput(f"the bake was packed for {ascii(self.layer_root[:200])[1:-1]}, not the default "
+        if root.rstrip("/") != str(DEFAULT_ROOT):
+            raise BadInput(f"the bake was packed for {ascii(root[:200])[1:-1]}, not the default "
                            f"serving root {DEFAULT_ROOT}: give --root DIR (where it is installed); an "
                            "artifact does not choose where the server's caches are")
         return str(DEFAULT_ROOT)
