@@ -369,6 +369,37 @@ def test_the_server_runs_the_bakes_own_command_and_environment(pattern, triton_c
     assert both.returncode == ExitCode.USAGE and "not both" in both.stderr
 
 
+@pytest.mark.parametrize("pattern", ["init", "image-volume"])
+@pytest.mark.parametrize("driver, serve_args", [
+    ("vllm", {"trust_remote_code": True}), ("vllm", {"download_dir": "/tmp/evil"}),
+    ("vllm", {"hf_overrides": {"architectures": ["Evil"]}}),
+    ("kernels", {"tokenizer": "/tmp/evil"}),
+])
+def test_a_bakes_serve_args_off_the_allowlist_never_reach_the_pod(pattern, driver, serve_args, triton_cache,
+                                                                  tmp_path):
+    """The Pod's server command is made of the artifact's serve args: one off the allowlist
+    (serveargs.SERVE_ARG_KINDS) is refused, exit 6, naming it; no manifest is written."""
+    from test_serve_command import _kernels_bake_section
+
+    if driver == "vllm":
+        bake = {"driver": "vllm", "model": {"path": "/models/served-here"},
+                "serve_args": {"max_num_seqs": 8, **serve_args}}
+        extra = []
+    else:
+        bake = _kernels_bake_section()
+        bake["plan"]["serve_args"] = {**bake["plan"]["serve_args"], **serve_args}
+        extra = ["--model", "nemotron-h"]
+    art = tmp_path / "art"
+    report = pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90", bake=bake,
+                           layer_root=ROOT)
+    pinned = f"docker://reg.example/bakes/nemotron@{report.manifest_digest}"
+    base = [*_without(INIT if pattern == "init" else VOLUME, "--model", "--artifact"), "--artifact", pinned]
+    r = cli("k8s", *base, "--bake", art, *extra, check=False)
+    flag = "--" + next(iter(serve_args)).replace("_", "-")
+    assert r.returncode == ExitCode.UNSAFE and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1 and f"{flag} is not one an artifact" in r.stderr
+
+
 def test_an_image_volume_of_a_bake_packed_for_another_root_is_refused(triton_cache, tmp_path):
     art, pinned = _vllm_bake(triton_cache, tmp_path, layer_root="/srv/elsewhere")
     r = cli("k8s", *_without(VOLUME, "--model", "--artifact"), "--artifact", pinned, "--bake", art, check=False)

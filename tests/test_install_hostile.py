@@ -7,6 +7,7 @@ behind, and a canary directory beside DIR untouched (nothing written or removed 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -140,6 +141,38 @@ def test_1_more_entries_and_bytes_than_declared(site):
     site.refused(art, ExitCode.UNSAFE, "more entries than the 3")
     art = badlayers.artifact_from_tar(site.tmp / "a2", raw_tar(body), site.fp, entries=4, files=2, file_bytes=1)
     site.refused(art, ExitCode.UNSAFE, "more files or more file data than")
+
+
+OTHER_DIFF_ID = "sha256:" + hashlib.sha256(b"another tar").hexdigest()
+
+
+@pytest.mark.parametrize("form", ["layout", "bare", "check-only"])
+def test_1_a_layer_whose_tar_is_not_its_diff_id_is_refused(site, form):
+    """The blob is the one its digest names, but the manifest (and the image config's
+    rootfs.diff_ids) declare another uncompressed tar: every layer form install reads checks
+    the sha256 of the tar stream against the diff_id, exit 6, before anything is switched in."""
+    art = badlayers.artifact_from_entries(site.tmp / "art", GOOD, site.fp, layer_overrides={"diff_id": OTHER_DIFF_ID})
+    extra = ["--check-only"] if form == "check-only" else []
+    if form == "bare":
+        layer = site.tmp / "bare" / "bake.tar.zst"
+        layer.parent.mkdir()
+        shutil.copy(badlayers.layer_blob(art), layer)
+        shutil.copy(art / "cachebake.json", layer.parent / "cachebake.json")
+        art = layer
+    # (DIR holds the good install of this very blob: "already installed" reads no layer)
+    site.refused(art, ExitCode.UNSAFE, f"not the diff_id {OTHER_DIFF_ID[:19]}", *extra, to=site.tmp / "new")
+
+
+def test_1_an_image_config_whose_diff_ids_disagree_with_the_manifest_is_refused(site):
+    tar = badlayers.make_tar(GOOD)
+    layer = badlayers.layer_stats(GOOD, tar)
+    blob = zstandard.ZstdCompressor(level=3).compress(tar)
+    for n, diff_ids in enumerate(([OTHER_DIFF_ID], [layer["diff_id"], OTHER_DIFF_ID], [])):
+        art = badlayers.write_artifact(site.tmp / f"art{n}", blob, badlayers.manifest_for(layer, site.fp),
+                                       config_diff_ids=diff_ids)
+        site.refused(art, ExitCode.UNSAFE, "rootfs.diff_ids is not the one layer", to=site.tmp / "new")
+    r = cli("inspect", art)
+    assert r.returncode == ExitCode.UNSAFE and "rootfs.diff_ids" in r.stderr
 
 
 # -- 2. a hostile DIR: links under .cachebake, another uid's state, DIR a link --------------------

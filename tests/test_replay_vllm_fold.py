@@ -83,7 +83,35 @@ def test_flags_that_load_code_or_name_places_are_not_folded(base_art, logged, tm
     assert doc["vllm"] == []
     reasons = " | ".join(f["reason"] for f in doc["failed"])
     assert "--trust-remote-code is not one a fold round takes" in reasons
-    assert "--max-num-seqs has a value that is no plain token" in reasons
+    assert "--max-num-seqs has a value a fold round does not take: must be an integer" in reasons
+
+
+def test_a_base_whose_own_serve_args_load_code_is_refused(installed, logged, tmp_path):
+    """Every round runs the base's warmup with its serve args on this machine: a base (an
+    artifact) recording one off the allowlist is refused, exit 6 naming it, nothing written."""
+    art = tmp_path / "evil-base"
+    bake = {**BAKE_SECTION, "serve_args": {"max_num_seqs": 64, "trust_remote_code": True}}
+    pack_artifact([CacheRoot("triton", installed), CacheRoot("vllm", vllm_tree(tmp_path / "bake"))], art,
+                  target="sm_90", bake=bake, layer_root=BAKE_ROOT)
+    out = tmp_path / "n"
+    r = run("replay", "--base", art, "--misses", logged, "--out", out, "--dry-run")
+    assert r.exit_code == 6, r.output
+    assert "bake.serve_args: --trust-remote-code is not one" in r.stderr and not out.exists()
+
+
+def test_a_logged_compilation_config_of_known_keys_is_folded_and_one_naming_a_path_is_not(base_art, logged,
+                                                                                        tmp_path):
+    lines = [json.loads(x) for x in logged.read_text().splitlines()]
+    forged = tmp_path / "cc.jsonl"
+    lines[0]["serve_args"] = {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}}
+    lines[1]["serve_args"] = {"compilation_config": {"debug_dump_path": "/tmp/x"}}
+    forged.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    r = run("replay", "--base", base_art, "--misses", forged, "--out", tmp_path / "n", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    [rnd] = doc["vllm"]
+    assert "--compilation-config" in rnd["argv"][rnd["argv"].index("--serve-args") + 1]
+    assert "holds 'debug_dump_path'" in " | ".join(f["reason"] for f in doc["failed"])
 
 
 def test_a_pods_serving_flags_are_left_out_not_refused(served, base_art, tmp_path, monkeypatch):

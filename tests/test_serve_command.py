@@ -82,8 +82,9 @@ def test_eval_runs_exactly_the_exports_and_the_command_of_a_hostile_artifact(tri
     # (the hostile values ride on cache-invalidating names: serve_env passes only the vllm
     # driver's own few names since issue 31, test_every_route_refuses_what_the_rules_refuse)
     hostile = {"TRITON_" + k[len("VLLM_"):]: v for k, v in HOSTILE_VALUES.items()}
+    # (hostile serve args are refused whole since issue 31: test_serve_args_off_the_allowlist...)
     bake = _bake(model={"path": model}, invalidating_env_vars=hostile,
-                 serve_args={"max_num_seqs": 8, "tokenizer": INJECT, "weird_key; touch CANARY": "x\ny"})
+                 serve_args={"max_num_seqs": 8, "dtype": "bfloat16"})
     art = _artifact(triton_cache, tmp_path, bake)
     work = tmp_path / "work"
     work.mkdir()
@@ -95,8 +96,62 @@ def test_eval_runs_exactly_the_exports_and_the_command_of_a_hostile_artifact(tri
     expected = {**hostile, **serving_env(str(DEFAULT_ROOT), ["triton"])}  # the roles at the layer root
     expected.update(current_fingerprint("sm_90").env)  # the bake's cache-invalidating variables
     assert changed == expected
-    assert argv == ["serve", model, "--max-num-seqs", "8", "--tokenizer", INJECT,
-                    "--weird-key; touch CANARY", "x\ny"]
+    assert argv == ["serve", model, "--dtype", "bfloat16", "--max-num-seqs", "8"]  # as packed: sorted
+
+
+@pytest.mark.parametrize("serve_args, named", [
+    ({"trust_remote_code": True}, "--trust-remote-code is not one"),
+    ({"download_dir": "/tmp/evil"}, "--download-dir is not one"),
+    ({"tokenizer": INJECT}, "--tokenizer is not one"),
+    ({"hf_overrides": {"architectures": ["Evil"]}}, "--hf-overrides is not one"),
+    ({"worker_cls": "evil.Worker"}, "--worker-cls is not one"),
+    ({"weird_key; touch CANARY": "x\ny"}, "--weird-key; touch CANARY is not one"),
+    ({"max_num_seqs": "8; touch CANARY"}, "--max-num-seqs has a value an artifact may not carry: must be an integer"),
+    ({"dtype": "$(touch CANARY)"}, "--dtype has a value an artifact may not carry: must be one of"),
+    ({"gpu_memory_utilization": True}, "--gpu-memory-utilization has a value"),
+    ({"compilation_config": {"cache_dir": "/tmp/evil"}}, "holds 'cache_dir'"),
+    ({"compilation_config": {"inductor_compile_config": {"post_grad_custom_post_pass": "evil.p"}}},
+     "holds 'inductor_compile_config'"),
+    ({"compilation_config": {"backend": "evil.module.backend"}}, "backend must be one of"),
+    ({"compilation_config": {"splitting_ops": ["$(touch CANARY)"]}}, "splitting_ops must be a list of op names"),
+    ({"speculative_config": {"method": "draft_model", "model": "/tmp/evil"}}, "--speculative-config has a value"),
+    ({"speculative_config": {"method": "ngram", "model": "/tmp/evil"}}, "holds 'model'"),
+])
+def test_serve_args_off_the_allowlist_are_refused_naming_the_arg(triton_cache, tmp_path, serve_args, named):
+    """An artifact's serve args become the server's command: only those on the one allowlist
+    (serveargs.SERVE_ARG_KINDS), each with a value of its kind; anything else is refused, exit 6,
+    one line naming the arg, and `eval` runs nothing."""
+    bake = _bake(serve_args={"max_num_seqs": 8, **serve_args})
+    art = _artifact(triton_cache, tmp_path, bake)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == ExitCode.UNSAFE, r.stderr
+    assert r.stderr.count("\n") == 1 and named in r.stderr and "bake.serve_args" in r.stderr, r.stderr
+    assert argv == [] and changed == {} and not (work / "CANARY").exists()
+
+
+def test_the_allowlist_takes_what_real_bakes_and_recipes_record(tmp_path):
+    """Every recipe's serve args and the serve args of the real bakes in tests/data pass: no
+    real bake is refused by the allowlist."""
+    from cachebake.recipes import list_recipes
+    from cachebake.vllm.serveargs import carried_serve_args
+
+    seen = 0
+    for recipe in list_recipes():
+        assert carried_serve_args(recipe.serve_args, recipe.ref, "serve_args") == recipe.serve_args
+        seen += 1
+    for tar in sorted((Path(__file__).parent / "data").glob("*.artifact.tar")):
+        import tarfile
+
+        with tarfile.open(tar) as tf:
+            member = next(m for m in tf.getmembers() if m.name.endswith("/cachebake.json"))
+            doc = json.load(tf.extractfile(member))
+        for bake in doc["bakes"].values():
+            args = bake["bake"]["serve_args"]
+            assert args and carried_serve_args(args, tar.name, "bake.serve_args") == args
+            seen += 1
+    assert seen >= 12
 
 
 @pytest.mark.parametrize("key, where", [*((k, "serve_env") for k in HOSTILE_KEYS),
@@ -230,8 +285,15 @@ def test_a_kernels_bakes_flags_from_a_hostile_manifest_stay_on_one_line(tmp_path
     r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
                         str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
                        env=_env(), cwd=tmp_path)
-    assert r.returncode == ExitCode.BAD_INPUT and r.stderr.count("\n") == 1, r.stderr
-    assert "\x1b" not in r.stderr and "\\x1b[2J" in r.stderr
+    # refused by the allowlist (issue 31), named on one line, escaped
+    assert r.returncode == ExitCode.UNSAFE and r.stderr.count("\n") == 1, r.stderr
+    assert "\x1b" not in r.stderr and "--max-num-seqs\\nexport EVIL=1 is not one" in r.stderr
+    bake["plan"]["serve_args"] = {"max_num_seqs": "8\x1b[2J\n---"}
+    r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
+                        str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path)
+    assert r.returncode == ExitCode.UNSAFE and r.stderr.count("\n") == 1, r.stderr
+    assert "\x1b" not in r.stderr and "--max-num-seqs has a value an artifact may not carry" in r.stderr
     bake["plan"] = {"serve_args": ["not", "an", "object"]}
     r = subprocess.run([sys.executable, "-m", "cachebake.cli", "serve-args",
                         str(_manifest_file(tmp_path, {"bake": bake}))], capture_output=True, text=True,
@@ -296,3 +358,57 @@ def test_the_variables_a_bake_runs_with_still_travel(triton_cache, tmp_path):
     assert r.returncode == 0, r.stderr
     assert changed["VLLM_USE_V2_MODEL_RUNNER"] == "1" and changed["TRITON_DEFAULT_FP_FUSION"] == "0"
     assert changed["DISABLE_PTXAS_OPT"] == "1"
+
+
+@pytest.mark.parametrize("env_root, code", [("/etc", ExitCode.OK), ("/tmp/evil/root", ExitCode.OK),
+                                            ("relative/root", ExitCode.CORRUPT),
+                                            ("/var/cache/cachebake/../../../etc", ExitCode.CORRUPT)])
+def test_without_root_the_bakes_own_env_root_never_chooses_where_the_roles_point(triton_cache, tmp_path,
+                                                                                env_root, code):
+    """serve-args without --root points the roles at the layer root (the default serving root
+    here), never at the root the bake record names: a forged bake.env.root is ignored, or refused
+    when it is no absolute path (exit 5)."""
+    from cachebake.roles import DEFAULT_ROOT, serving_env
+
+    art = _artifact(triton_cache, tmp_path, _bake(env={"root": env_root, "roles": ["triton"]}))
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == code, r.stderr
+    if code == ExitCode.OK:
+        assert changed["TRITON_CACHE_DIR"] == serving_env(str(DEFAULT_ROOT), ["triton"])["TRITON_CACHE_DIR"]
+        assert not any(env_root in v for v in changed.values())
+    else:
+        assert "bake.env.root" in r.stderr and changed == {} and argv == []
+
+
+@pytest.mark.parametrize("layer_root", ["/etc", "/var/run/secrets/kubernetes.io/serviceaccount"])
+def test_a_layer_root_other_than_the_default_serving_root_needs_root(triton_cache, tmp_path, layer_root):
+    """An artifact packed for another root does not choose where the roles point: without
+    --root, exit 3 asking for it (nothing printed to eval); with --root, the roles go there."""
+    art = tmp_path / "art"
+    pack_artifact([CacheRoot("triton", triton_cache)], art, target="sm_90",
+                  bake=_bake(env={"root": layer_root}), layer_root=layer_root)
+    work = tmp_path / "work"
+    work.mkdir()
+    r, argv, changed = _eval(art, work)
+    assert r.returncode == ExitCode.BAD_INPUT and "give --root DIR" in r.stderr, r.stderr
+    assert changed == {} and argv == []
+    r, argv, changed = _eval(art, work, "--root", "/srv/cb")
+    assert r.returncode == 0 and changed["TRITON_CACHE_DIR"] == "/srv/cb/triton", r.stderr
+
+
+def test_a_manifest_document_without_a_layer_root_takes_only_the_default_root_from_its_bake():
+    """A manifest JSON with no layer_root: its bake's env.root stands in only when it is the
+    default serving root; any other is exit 3 asking for --root, none at all exports no role."""
+    from cachebake.errors import BadInput
+    from cachebake.roles import DEFAULT_ROOT
+    from cachebake.serve.command import serve_command
+
+    def doc(env):
+        return {"bake": _bake(env=env)}
+    assert serve_command(doc({"root": str(DEFAULT_ROOT)})).env["TRITON_CACHE_DIR"] == f"{DEFAULT_ROOT}/triton"
+    with pytest.raises(BadInput, match="give --root DIR"):
+        serve_command(doc({"root": "/etc"}))
+    assert "TRITON_CACHE_DIR" not in serve_command(doc({})).env
+    assert serve_command(doc({"root": "/etc"}), root="/srv").env["TRITON_CACHE_DIR"] == "/srv/triton"

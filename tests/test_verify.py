@@ -164,6 +164,25 @@ def test_verify_takes_the_warmup_the_installed_bake_recorded(tmp_path, baked, ba
         assert f"--driver {bake['driver']} cannot run here" in r.stderr
 
 
+@pytest.mark.parametrize("serve_args, flag", [({"trust_remote_code": True}, "--trust-remote-code"),
+                                              ({"max_num_seqs": "256; rm -rf /"}, "--max-num-seqs")])
+def test_verify_refuses_an_installed_warmup_whose_serve_args_are_off_the_allowlist(tmp_path, baked, serve_args,
+                                                                                 flag):
+    """verify runs the installed bake's warmup (vLLM's engine, here): the artifact's serve args
+    go through the one allowlist first, exit 6 naming the arg, nothing run."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    art, to = tmp_path / "art", tmp_path / "to"
+    bake = {"driver": "vllm", "model": {"recipe": "nemotron-h:8b", "path": "/models/nemotron-h-8b"},
+            "serve_args": {"tensor_parallel_size": 1, **serve_args}}
+    pack_artifact([CacheRoot("triton", baked / "triton")], art, target="sm_90", bake=bake)
+    runner = CliRunner()
+    assert runner.invoke(main, ["install", str(art), "--to", str(to), "--target", "sm_90"]).exit_code == 0
+    r = runner.invoke(main, ["verify", "--cache", str(to)])
+    assert r.exit_code == ExitCode.UNSAFE, r.output
+    assert "warmup.serve_args" in r.stderr and flag in r.stderr and "cannot run here" not in r.stderr
+
+
 def test_a_command_bake_records_no_warmup_and_verify_asks_for_one(tmp_path, baked):
     # a command line from a file in a shared volume is never what verify executes
     from cachebake.artifact.pack import CacheRoot, pack_artifact

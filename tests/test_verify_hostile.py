@@ -54,3 +54,17 @@ def test_a_bake_record_whose_identity_has_the_wrong_shape_is_exit_5(tmp_path, fi
     r = cli("verify", "--check-only", "--cache", root, "--artifact", manifest)
     assert r.returncode == ExitCode.CORRUPT == 5, r.stderr
     assert f"compile_identity.{field}" in _one_line(r)
+
+
+def test_a_bake_records_serve_args_off_the_allowlist_are_exit_6_before_vllm_parses_them(tmp_path):
+    """--check-only hands the bake's serve args to vLLM's own argument parser as the server's
+    flags (no server argv given): one off the allowlist (trust_remote_code) is refused first."""
+    root = tmp_path / "cache"
+    (root / "vllm").mkdir(parents=True)
+    identity = {"env_factors": {}, "roots": {"vllm": "/site/vllm"}, "code_hash": "0" * 64}
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"bake": {"driver": "vllm", "compile_identity": identity,
+                                             "serve_args": {"max_num_seqs": 8, "trust_remote_code": True}}}))
+    r = cli("verify", "--check-only", "--cache", root, "--artifact", manifest)
+    assert r.returncode == ExitCode.UNSAFE == 6, r.stderr
+    assert "bake.serve_args: --trust-remote-code is not one" in _one_line(r)

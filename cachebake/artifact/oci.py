@@ -24,7 +24,7 @@ from pathlib import Path
 from cachebake import jsonio
 from cachebake.artifact import schema
 from cachebake.artifact.manifest import FORMAT_VERSION, BakeManifest
-from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, Unsupported
+from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, UnsafeArtifact, Unsupported
 from cachebake.gpu import GPUTargetSpec
 from cachebake.jsonio import canonical_json
 
@@ -284,6 +284,12 @@ class Artifact:
             raise CorruptArtifact(f"image for {key}: layer descriptor disagrees with the cachebake manifest")
         if bake.target != key:
             raise CorruptArtifact(f"index entry {key} holds a bake for {bake.target}")
+        rootfs = config.get("rootfs")
+        if not isinstance(rootfs, dict) or rootfs.get("diff_ids") != [bake.layer.diff_id]:
+            # install checks the tar against the label's diff_id; the config's must be that one
+            # too, or a runtime that unpacks this image by its config gets another tree
+            raise UnsafeArtifact(f"image for {key}: the config's rootfs.diff_ids is not the one layer "
+                                 "the cachebake manifest declares")
         return BakeRef(key, desc["digest"], layer["digest"], layer["size"], bake)
 
     def open_layer(self, ref: BakeRef) -> VerifyingReader:

@@ -12,7 +12,8 @@ from cachebake.cli.params import ABSOLUTE_PATH, GPU_TARGET
 @click.argument("artifact", type=click.Path())
 @click.option("--target", type=GPU_TARGET, help="GPU target whose bake to read (default: the only one).")
 @click.option("--root", type=ABSOLUTE_PATH,
-              help="Where the artifact is installed (install --to DIR); default: the bake root.")
+              help="Where the artifact is installed (install --to DIR); default: the default serving "
+                   "root /var/cache/cachebake, for a bake packed for it (another: exit 3).")
 @click.option("--overlay", type=ABSOLUTE_PATH, default=None,
               help="Writable dir for kernels the bake lacks (as for install --overlay).")
 @click.option("--env-file", "env_file", type=click.Path(dir_okay=False), default=None,

@@ -197,7 +197,7 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], bake: Ba
     if not model:
         raise UsageError("the server needs a command: --model M (`vllm serve` with its recipe's "
                          "flags), --bake ART (a --driver vllm bake's own command) or -- CMD...")
-    from cachebake.vllm.serveargs import BAKE_ONLY, resolve, serve_args_to_flags
+    from cachebake.vllm.serveargs import BAKE_ONLY, carried_serve_args, resolve, serve_args_to_flags
 
     _, args, model_dir = resolve(model)
     if driver == "kernels":  # its kernels were planned for exact serve args: serve with those
@@ -205,7 +205,8 @@ def server_command(model: str | None, cmd: tuple[str, ...] | list[str], bake: Ba
 
         c = Checker(bake.document)
         plan = c.obj(bake.bake.extra.get("plan") or {}, "bake.plan")
-        args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
+        args = carried_serve_args(c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args"),
+                                  bake.document, "bake.plan.serve_args")
         notes = [f"the server's flags are those the --driver kernels bake's engine plan was computed "
                  f"for; its model path is recipe {model}'s"]
     elif driver is None:

@@ -196,13 +196,30 @@ class BakeFacts:
         return None
 
     def recorded_root(self) -> str | None:
-        """The root the bake was made at (its record's, else the layer's), checked: absolute and
-        one line (every role's variable is made of it)."""
-        root = (self.bake.env or {}).get("root") or self.layer_root
-        if root is not None and (not isinstance(root, str) or not root.startswith("/") or _has_control(root)):
-            raise InvalidDocument(self.document, "bake.env.root",
-                                  "must be an absolute path without control characters")
-        return root
+        """The root a server finds the bake's roles under when the caller names none
+        (``serve-args`` without ``--root``): the layer root, what the layer's paths were
+        written relative to (install at any other root rewrites them); for a manifest document
+        that records none, the root its bake ran at (``bake.env.root``).  Used only where it is
+        the default serving root (``roles.DEFAULT_ROOT``: /var/cache/cachebake, or this
+        process's $CACHEBAKE_ROOT), so an artifact cannot point the roles' variables at a place
+        of its choosing: another is refused (BadInput: give ``--root``); None where neither is
+        recorded.  Both are checked when present (a malformed field is a malformed document)."""
+        from cachebake.roles import DEFAULT_ROOT
+
+        env_root = (self.bake.env or {}).get("root")
+        for value, where in ((env_root, "bake.env.root"), (self.layer_root, "layer_root")):
+            if value is not None and (not isinstance(value, str) or not value.startswith("/")
+                                      or _has_control(value) or ".." in value.split("/")):
+                raise InvalidDocument(self.document, where,
+                                      "must be an absolute path without control characters or '..'")
+        root = self.layer_root if self.layer_root is not None else env_root
+        if root is None:
+            return None
+        if root.rstrip("/") != str(DEFAULT_ROOT):
+            raise BadInput(f"the bake was packed for {ascii(root[:200])[1:-1]}, not the default "
+                           f"serving root {DEFAULT_ROOT}: give --root DIR (where it is installed); an "
+                           "artifact does not choose where the server's caches are")
+        return str(DEFAULT_ROOT)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ class LayerLimits:
     tar_size: int
     compressed_size: int
     path_budget: int = PATH_MAX - 1  # bytes left for a member name under the longest root
+    diff_id: str | None = None  # sha256 of the uncompressed tar (the image config's rootfs.diff_ids)
 
     @classmethod
     def from_manifest(cls, manifest: BakeManifest, compressed_size: int,
@@ -85,7 +86,8 @@ class LayerLimits:
         longest = max((len(os.fsencode(r.rstrip("/"))) for r in roots), default=0)
         limits = cls(roles=frozenset(manifest.roles), entries=layer.entries, files=layer.files,
                      file_bytes=layer.uncompressed_size, tar_size=layer.tar_size,
-                     compressed_size=int(compressed_size), path_budget=PATH_MAX - 2 - longest)
+                     compressed_size=int(compressed_size), path_budget=PATH_MAX - 2 - longest,
+                     diff_id=layer.diff_id)
         if limits.entries > MAX_ENTRIES:
             raise UnsafeArtifact(f"layer declares {limits.entries} entries, over the {MAX_ENTRIES} "
                                  "this installer accepts")
@@ -279,6 +281,7 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
             if writer is not None:
                 writer.write(h.name, mode, data)
         checker.finish(inflater.total)
+        check_diff_id(limits, inflater.diff_id())
         if writer is not None:
             writer.finish()
     except (UnsafeArtifact, CorruptArtifact) as e:
@@ -292,6 +295,17 @@ def extract_layer(compressed: BinaryIO, limits: LayerLimits, staging_fd: int | N
         inflater.cancel()
         raise
     return stats
+
+
+def check_diff_id(limits: LayerLimits, seen: str) -> None:
+    """The tar the blob decompressed to must be the one its manifest and image config name
+    (``diff_id``): the blob's own digest matched (the source checked it at its end), so a
+    different tar means the documents were crafted to describe another layer than the one
+    shipped (a reader that trusts the diff_id, a runtime's layer store, would see another
+    tree).  UnsafeArtifact, before anything is made visible."""
+    if limits.diff_id is not None and seen != limits.diff_id:
+        raise UnsafeArtifact(f"layer decompresses to a tar with digest {seen[:19]}..., not the "
+                             f"diff_id {limits.diff_id[:19]}... its manifest declares (the layer was swapped)")
 
 
 def extract_to(compressed: BinaryIO, limits: LayerLimits, path: str | os.PathLike,

@@ -16,6 +16,7 @@ source's ``open_layer`` returns: artifact/reader.py).
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 
@@ -37,6 +38,9 @@ class Inflater:
         self.compressed = compressed
         self.limit = limit
         self.total = 0
+        # the uncompressed tar's sha256: the layer's diff_id (OCI image spec, config.rootfs),
+        # hashed here on the helper thread (hashlib releases the GIL on big updates)
+        self.tar_hash = hashlib.sha256()
         self.error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=DEPTH)
         self._cancelled = threading.Event()
@@ -56,6 +60,7 @@ class Inflater:
                 if self.total > self.limit:
                     raise UnsafeArtifact(f"layer decompresses past the {self.limit} bytes the manifest "
                                          "declares: refusing a size bomb")
+                self.tar_hash.update(chunk)
                 self._put(chunk)
             if not self._cancelled.is_set() and self.compressed.read(1):
                 # read_across_frames decodes everything up to the source's end, so this is
@@ -87,6 +92,10 @@ class Inflater:
                 raise self.error
             return b""
         return item
+
+    def diff_id(self) -> str:
+        """``sha256:<hex>`` of every byte decompressed; the whole tar once ``next_chunk`` gave b""."""
+        return "sha256:" + self.tar_hash.hexdigest()
 
     def cancel(self) -> None:
         """Stop the helper (a refusal, Ctrl-C); safe to call twice."""

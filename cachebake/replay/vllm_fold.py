@@ -11,7 +11,8 @@ the fold machine writes:
    ``--seed BASE`` (the base's Triton entries precompiled), ``--no-until-stable`` (one round),
    the base's target and layer root.  Flags outside ``serveargs.FOLD_FLAGS`` (anything that
    loads code, names a place, a service or another model) keep that group out, named; so does
-   a base that records no ``vllm``-driver warmup;
+   a base that records no ``vllm``-driver warmup; a base whose own serve args are off that
+   list is refused (UnsafeArtifact, exit 6: ``serveargs.carried_serve_args``);
 2. preflight (``preflight``): the vllm driver's own (vLLM importable, a GPU visible, a C
    toolchain), before anything is compiled or written: exit 7 naming what is missing (the plan
    is still shown by ``replay --dry-run``);
@@ -31,7 +32,8 @@ from pathlib import Path
 
 from cachebake.errors import Unsupported
 from cachebake.serve.vllm_misses import ROLE, Unit, unit_of, units_of
-from cachebake.vllm.serveargs import SERVING_ONLY_FLAGS, fold_flag_problem, serve_args_to_flags
+from cachebake.vllm.serveargs import (SERVING_ONLY_FLAGS, carried_serve_args, fold_flag_problem,
+                                       serve_args_to_flags)
 
 
 @dataclass
@@ -70,6 +72,10 @@ def plan_rounds(groups: list, base_units: set[Unit], bake_record, base: str, tar
     from cachebake.install.inventory import warmup_of
 
     warmup = warmup_of(bake_record)
+    if groups and warmup.get("serve_args") is not None:
+        # the base's args run on this machine under every round: the base is an artifact
+        warmup["serve_args"] = carried_serve_args(warmup["serve_args"], "the base bake's manifest",
+                                                  "bake.serve_args")
     rounds: dict[str, VllmRound] = {}
     in_base, refused = [], []
     for g in groups:

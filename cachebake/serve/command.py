@@ -26,7 +26,8 @@ from cachebake.errors import BadInput, CorruptArtifact, InvalidDocument, shorten
 # The rules on what an artifact may set in a server's environment live with the one function
 # that builds it (cachebake.install.environment); ENV_NAME and check_env re-exported for readers.
 from cachebake.install.environment import ENV_NAME, BakeFacts, ServerLayout, check_env, server_env  # noqa: F401
-from cachebake.vllm.serveargs import BAKE_ONLY, IDENTITY_KEY, model_reference, serve_args_to_flags
+from cachebake.vllm.serveargs import (BAKE_ONLY, IDENTITY_KEY, carried_serve_args, model_reference,
+                                      serve_args_to_flags)
 
 # Characters that end or disturb a line in the text other programs read: C0 and C1 controls,
 # DEL, and the line breaks YAML 1.1 (PyYAML) and Unicode know beyond \n and \r.
@@ -132,7 +133,8 @@ def _kernels_bake(c, bake) -> str:
     with them on that GPU hits those kernels.  The flags come from the artifact: one line,
     control characters escaped (``one_line``)."""
     plan = c.obj(bake.extra.get("plan") or {}, "bake.plan")
-    args = c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args")
+    args = carried_serve_args(c.obj(plan.get("serve_args") or {}, "bake.plan.serve_args"), c.document,
+                              "bake.plan.serve_args")
     target = c.obj(plan.get("target") or {}, "bake.plan.target")
     gpu = c.opt_str(target.get("gpu_name"), "bake.plan.target.gpu_name")
     flags = serve_args_to_flags({k: v for k, v in args.items() if k not in BAKE_ONLY})
@@ -169,12 +171,15 @@ def server_argv(facts: BakeFacts) -> tuple[str, list[str], list[str]]:
             raise BadInput("this artifact's bake section records no model")
         from cachebake.vllm.serveargs import resolve  # as the driver resolved it
 
-        recipe, serve_args, path = resolve(bake.model, bake.tp, serve_args=bake.serve_args,
+        recipe, serve_args, path = resolve(bake.model, bake.tp, serve_args=carried_serve_args(
+                                               bake.serve_args, c.document, "bake.serve_args"),
                                            model_dir=bake.model_dir)
         if recipe.local_path is None:
             notes.append(f"serve args resolved from recipe {recipe.ref} as this cachebake knows it")
     if not path or serve_args is None:
         raise BadInput("this artifact's bake section records no model path / serve args")
+    # the artifact's args become the server's command: only those on the one allowlist
+    serve_args = carried_serve_args(serve_args, c.document, "bake.serve_args")
     if _has_control(path):  # the server's first argument, and a line of k8s' command
         c.fail("bake.model.path", "must be one line without control characters")
     return path, serve_args_to_flags({k: v for k, v in serve_args.items() if k not in BAKE_ONLY}), notes
@@ -187,9 +192,10 @@ def serve_command(facts: BakeFacts | dict, root: str | None = None,
     ``facts``: the bake as ``read_facts`` gives it (a manifest dict is typed once, here).
     ``root``: where the artifact is (or will be) installed; the cache roles' variables point
     under it (less the roles an install there left out).  ``overlay``: the layered cache
-    manager's writable dir (``roles.serving_overlay_env`` checks it).  Without ``root``, the root the bake
-    recorded; a manifest that records none gets no role variables, and a note says so (they
-    are never taken from the artifact's own record).  The environment is ``server_env``'s."""
+    manager's writable dir (``roles.serving_overlay_env`` checks it).  Without ``root``, the layer
+    root when it is the default serving root (``BakeFacts.recorded_root``; another is refused:
+    give ``root``); a manifest that records none gets no role variables, and a note says so
+    (they are never taken from the artifact's own record).  The environment is ``server_env``'s."""
     if not isinstance(facts, BakeFacts):
         facts = BakeFacts.from_document(facts, document)
     path, flags, notes = server_argv(facts)

@@ -111,7 +111,13 @@ def installed_warmup(cache: os.PathLike | str) -> dict:
     if not os.path.isdir(cache):
         return {}
     marker = InstallDir(cache).installed()
-    return dict(marker.warmup) if marker else {}
+    warmup = dict(marker.warmup) if marker else {}
+    if warmup.get("serve_args") is not None:  # the artifact's, and verify runs vLLM with them
+        from cachebake.vllm.serveargs import carried_serve_args
+
+        warmup["serve_args"] = carried_serve_args(warmup["serve_args"], os.path.join(cache, ".cachebake/install.json"),
+                                                  "warmup.serve_args")
+    return warmup
 
 
 def verify(driver: Driver, cache: os.PathLike | str, *, work_dir: os.PathLike | str | None = None,
@@ -196,6 +202,10 @@ def check_only(cache: os.PathLike | str, *, artifact: str | None = None, target:
         bake = read_manifest(artifact, target).get("bake") or {}
         identity = compile_check.identity_from_bake(bake)
         baked_args = bake.get("serve_args") if isinstance(bake.get("serve_args"), dict) else None
+        if baked_args is not None:  # vLLM parses them as the server's flags (compile_check)
+            from cachebake.vllm.serveargs import carried_serve_args
+
+            baked_args = carried_serve_args(baked_args, f"{artifact}: bake manifest", "bake.serve_args")
         model = bake.get("model") if isinstance(bake.get("model"), dict) else {}
         config_sha = model.get("config_sha256") if isinstance(model.get("config_sha256"), str) else None
         plan = bake.get("startup_plan") if isinstance(bake.get("startup_plan"), dict) else None

@@ -9,7 +9,9 @@ dict of ``EngineArgs`` field names, parsed from JSON or ``vllm serve`` flags
 vLLM's JIT warmup and CUDA graph capture, so a bake with it misses most of what the server
 compiles at startup), turned back into the exact flags (``serve_args_to_flags``), and resolved
 against a recipe (``resolve``).  The driver, the plan, ``serve-args`` and ``k8s`` all read them
-from here.
+from here.  What an artifact (or a server's log) may carry into a command is one allowlist,
+``SERVE_ARG_KINDS`` (``carried_serve_args``, ``fold_flag_problem``): a user's own serve args are
+never checked against it.
 """
 
 from __future__ import annotations
@@ -280,24 +282,21 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-# ---- the flags a logged server may hand a fold round ------------------------------------------
+# ---- the serve args an artifact or a log may carry into a command ---------------------------
 #
-# Fold-back (cachebake.replay.vllm_fold) runs vLLM's engine on the fold machine with the serve
-# flags a server logged (cachebake.serve.vllm_misses).  A log is the pod's, so only flags that
-# shape what torch.compile and the kernels compile pass, with plain values: no flag that loads
-# code (trust_remote_code, worker or logits-processor classes, compilation passes), names a
-# place or a service (paths, tokenizers, downloads, KV connectors) or another model
-# (speculative_config).  A flag outside this list keeps its miss from being folded, named.
-FOLD_FLAGS = frozenset({
-    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "dtype",
-    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-    "enable_prefix_caching", "enable_chunked_prefill", "mamba_ssm_cache_dtype", "mamba_cache_dtype",
-    "mamba_block_size", "kv_cache_dtype", "gpu_memory_utilization", "quantization", "seed",
-    "cuda_graph_sizes", "max_seq_len_to_capture", "max_cudagraph_capture_size", "async_scheduling",
-    "disable_cascade_attn", "enable_expert_parallel", "kv_cache_memory_bytes",
-    "num_gpu_blocks_override", "max_num_partial_prefills", "long_prefill_token_threshold",
-    "disable_custom_all_reduce", "calculate_kv_scales",
-})
+# An artifact's bake records the serve args it ran with, and `serve-args`, `k8s --bake`, `verify`
+# (its installed warmup and --check-only) and fold-back (cachebake.replay.vllm_fold, which also
+# takes the flags a server logged: cachebake.serve.vllm_misses) turn them into a `vllm serve`
+# command or an engine run.  The artifact and the log are hostile, so only the args that shape
+# what torch.compile and the kernels compile, or how the engine serves, pass, each with a value
+# of its kind: no arg that loads code (trust_remote_code, worker, executor or logits-processor
+# classes, compilation passes, a custom compile backend), names a place (download_dir, a cache
+# or dump dir), a service (KV connectors, hosts) or another model (tokenizer, hf_overrides, a
+# draft model).  One table for every such reader (``SERVE_ARG_KINDS``); a user's own
+# --serve-args are theirs and never checked against it.
+
+_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
+
 # Flags that only say how the server is reached, logs, or finds its weights and tokenizer, never
 # what it compiles: a fold round leaves them out of a logged flag set (named in its plan) rather
 # than refusing the set.  A served Pod always has some (--port, and the bench runner's
@@ -312,27 +311,209 @@ SERVING_ONLY_FLAGS = frozenset({
     "response_role", "enable_auto_tool_choice", "tool_call_parser", "enable_request_id_headers",
     "disable_fastapi_docs", "enable_prompt_tokens_details", "return_tokens_as_token_ids",
 })
-_FOLD_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
+_SIZE = re.compile(r"[0-9]{1,12}(\.[0-9]{1,6})?[kKmMgGtT]?[iI]?[bB]?\Z")  # vLLM's human_readable_int
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(::[A-Za-z_][A-Za-z0-9_.]{0,127})?\Z")
+_CUSTOM_OP = re.compile(r"[+-]?[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+MAX_LIST = 256
+_DTYPES = frozenset({"auto", "half", "float16", "bfloat16", "float", "float32"})
+_STATE_DTYPES = frozenset({"auto", "float32", "float16", "bfloat16"})
+_KV_DTYPES = frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
+_CUDAGRAPH_MODES = frozenset({"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"})
+_COMPILE_MODES = frozenset({"NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE"})
+# vLLM resolves any other backend by its qualified name (an import): only its own names pass
+_COMPILE_BACKENDS = frozenset({"", "inductor", "eager", "aot_eager"})
+# speculative decoding that needs no second model: n-gram and suffix lookup, the model's own MTP
+_SPEC_METHODS = frozenset({"ngram", "suffix", "mtp"})
+
+
+def _is_int(v) -> bool:
+    return type(v) is int and -(1 << 62) <= v <= 1 << 62
+
+
+def _is_number(v) -> bool:
+    return (_is_int(v) or type(v) is float) and v == v and v not in (float("inf"), float("-inf"))
+
+
+def _bool(v) -> str | None:
+    return None if v is None or isinstance(v, bool) else "must be true or false"
+
+
+def _int(v) -> str | None:
+    return None if v is None or _is_int(v) else "must be an integer"
+
+
+def _size(v) -> str | None:  # an integer, or vLLM's "32k"/"1G" form
+    return None if v is None or _is_int(v) or (isinstance(v, str) and _SIZE.match(v)) else \
+        "must be an integer (or a size like 32k)"
+
+
+def _number(v) -> str | None:
+    return None if v is None or _is_number(v) else "must be a finite number"
+
+
+def _token(v) -> str | None:
+    return None if v is None or (isinstance(v, str) and _TOKEN.match(v)) else "must be a plain token"
+
+
+def _ints(v) -> str | None:  # one integer or a list of them (cuda_graph_sizes takes both)
+    if v is None or _is_int(v) or (isinstance(v, list) and len(v) <= MAX_LIST and all(map(_is_int, v))):
+        return None
+    return f"must be an integer or a list of at most {MAX_LIST} integers"
+
+
+def _one_of(choices: frozenset[str]):
+    def check(v) -> str | None:
+        return None if v is None or (isinstance(v, str) and v in choices) else \
+            f"must be one of {', '.join(sorted(choices))}"
+    return check
+
+
+def _dict_of(kinds: dict, what: str):
+    """A JSON object whose keys are ``kinds``' and whose values pass each key's check."""
+    def check(v) -> str | None:
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            return f"must be an object of {what}"
+        for key, value in v.items():
+            if key not in kinds:
+                return f"holds {str(key)[:64]!r}, which is not one of the {what} an artifact may set"
+            why = kinds[key](value)
+            if why:
+                return f"{key} {why}"
+        return None
+    return check
+
+
+def _custom_ops(v) -> str | None:
+    if isinstance(v, list) and len(v) <= MAX_LIST and all(isinstance(x, str) and _CUSTOM_OP.match(x) for x in v):
+        return None
+    return "must be a list of op names (+name, -name, all, none)"
+
+
+def _splitting_ops(v) -> str | None:
+    if v is None or (isinstance(v, list) and len(v) <= MAX_LIST
+                     and all(isinstance(x, str) and _OP_NAME.match(x) for x in v)):
+        return None
+    return "must be a list of op names (namespace::op)"
+
+
+def _compile_sizes(v) -> str | None:
+    if v is None or (isinstance(v, list) and len(v) <= MAX_LIST
+                     and all(_is_int(x) or x == "cudagraph_capture_sizes" for x in v)):
+        return None
+    return "must be a list of integers"
+
+
+def _pass_config(v) -> str | None:
+    """Switches and sizes of vLLM's own passes: booleans and numbers only (the passes a
+    config can add by name, ``inductor_passes``, are refused with the config key)."""
+    if not isinstance(v, dict):
+        return "must be an object of pass switches"
+    for key, value in v.items():
+        if not (isinstance(key, str) and _TOKEN.match(key)) or not (isinstance(value, bool) or _is_number(value)):
+            return f"{str(key)[:64]!r} must be a switch name with a boolean or a number"
+    return None
+
+
+# CompilationConfig's fields that shape the compiled graphs, by kind.  Left out on purpose: the
+# dirs it reads and writes (cache_dir, local_cache_dir, debug_dump_path), the passes and
+# Inductor options given by name (inductor_passes, inductor_compile_config: a pass or a
+# callable by its import path).
+COMPILATION_KEYS = {
+    "level": _int, "mode": lambda v: None if _is_int(v) else _one_of(_COMPILE_MODES)(v),
+    "backend": _one_of(_COMPILE_BACKENDS), "custom_ops": _custom_ops, "splitting_ops": _splitting_ops,
+    "use_inductor": _bool, "compile_sizes": _compile_sizes, "compile_mm_encoder": _bool,
+    "use_inductor_graph_partition": _bool, "cudagraph_mode": _one_of(_CUDAGRAPH_MODES),
+    "use_cudagraph": _bool, "cudagraph_num_of_warmups": _int, "cudagraph_capture_sizes": _ints,
+    "cudagraph_copy_inputs": _bool, "full_cuda_graph": _bool, "cudagraph_specialize_lora": _bool,
+    "max_cudagraph_capture_size": _int, "pass_config": _pass_config,
+}
+_compilation_dict = _dict_of(COMPILATION_KEYS, "compilation settings")
+
+
+def _compilation_config(v) -> str | None:  # vLLM also takes the bare level (-O3 = 3)
+    return None if v is None or _is_int(v) else _compilation_dict(v)
+
+
+SPECULATIVE_KEYS = {"method": _one_of(_SPEC_METHODS), "num_speculative_tokens": _int,
+                    "prompt_lookup_min": _int, "prompt_lookup_max": _int}
+_speculative_dict = _dict_of(SPECULATIVE_KEYS, "speculative settings (no draft model)")
+
+
+def _speculative_config(v) -> str | None:
+    why = _speculative_dict(v)
+    if why is None and v is not None and "method" not in v:
+        why = "must name its method (one that needs no draft model)"
+    return why
+
+
+# The one allowlist: engine argument -> the check of its value (None: it may carry it).
+SERVE_ARG_KINDS = {
+    "tensor_parallel_size": _int, "pipeline_parallel_size": _int, "data_parallel_size": _int,
+    "dtype": _one_of(_DTYPES), "max_model_len": _size, "max_num_seqs": _int,
+    "max_num_batched_tokens": _size, "block_size": _int, "enable_prefix_caching": _bool,
+    "enable_chunked_prefill": _bool, "mamba_ssm_cache_dtype": _one_of(_STATE_DTYPES),
+    "mamba_cache_dtype": _one_of(_STATE_DTYPES), "mamba_block_size": _int,
+    "kv_cache_dtype": _one_of(_KV_DTYPES), "gpu_memory_utilization": _number, "quantization": _token,
+    "seed": _int, "cuda_graph_sizes": _ints, "max_seq_len_to_capture": _int,
+    "max_cudagraph_capture_size": _int, "async_scheduling": _bool, "disable_cascade_attn": _bool,
+    "enable_expert_parallel": _bool, "kv_cache_memory_bytes": _size, "num_gpu_blocks_override": _int,
+    "max_num_partial_prefills": _int, "long_prefill_token_threshold": _int,
+    "disable_custom_all_reduce": _bool, "calculate_kv_scales": _bool, "enforce_eager": _bool,
+    "compilation_config": _compilation_config, "speculative_config": _speculative_config,
+}
+# What the flags a logged server hands a fold round may hold: the same list (one home).
+FOLD_FLAGS = frozenset(SERVE_ARG_KINDS)
+
+
+def _shown_flag(key) -> str:
+    """``--name`` for a message: short, one line, ASCII (a key from an artifact may hold any
+    character: ``ascii`` escapes controls and line breaks)."""
+    return "--" + ascii((key if isinstance(key, str) else repr(key)).replace("_", "-")[:64])[1:-1]
+
+
+def serve_arg_problem(key, value) -> str | None:
+    """Why serve arg ``key`` with ``value`` may not go from an artifact or a log into a command
+    (None: it may)."""
+    check = SERVE_ARG_KINDS.get(key) if isinstance(key, str) else None
+    if check is None:
+        return (f"{_shown_flag(key)} is not one an artifact or a log may carry into a command "
+                "(only args that shape what is compiled and served: never code, places, services "
+                "or other models)")
+    why = check(value)
+    return None if why is None else f"{_shown_flag(key)} has a value an artifact may not carry: {why}"
+
+
+def carried_serve_args(serve_args: Any, document: str, field_name: str) -> dict[str, Any]:
+    """``serve_args`` read from an artifact (``document``'s ``field_name``), to be made into a
+    command: every arg on ``SERVE_ARG_KINDS`` with a value of its kind, else UnsafeArtifact
+    (exit 6) naming the first that is not.  ``BAKE_ONLY`` args with the driver's own values
+    pass (every command leaves them out)."""
+    from cachebake.errors import InvalidDocument, UnsafeArtifact
+
+    if serve_args is None:
+        return {}
+    if not isinstance(serve_args, dict):
+        raise InvalidDocument(document, field_name, "must be an object of vLLM engine arguments")
+    for key, value in serve_args.items():
+        if key in BAKE_ONLY and value == BAKE_ONLY[key]:
+            continue
+        why = serve_arg_problem(key, value)
+        if why is not None:
+            raise UnsafeArtifact(f"{document}: {field_name}: {why}")
+    return dict(serve_args)
 
 
 def fold_flag_problem(serve_args: Any) -> str | None:
     """Why logged serve args may not drive a fold round (None: they may): a mapping of
-    ``FOLD_FLAGS`` names to booleans, numbers, short tokens or lists of integers."""
+    ``SERVE_ARG_KINDS`` names, each with a value of its kind."""
     if not isinstance(serve_args, dict):
         return "no serve flags were logged"
     for key, value in serve_args.items():
-        if key not in FOLD_FLAGS:
-            return (f"flag --{str(key).replace('_', '-')[:64]} is not one a fold round takes from a "
-                    "log (only flags that shape the compiled graphs, never code, places or models)")
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if value != value or value in (float("inf"), float("-inf")):
-                return f"flag --{key.replace('_', '-')} has a non-finite value"
-            continue
-        if isinstance(value, str) and _FOLD_TOKEN.match(value):
-            continue
-        if isinstance(value, list) and len(value) <= 256 and all(type(v) is int for v in value):
-            continue
-        return f"flag --{key.replace('_', '-')} has a value that is no plain token or number"
+        why = serve_arg_problem(key, value)
+        if why is not None:
+            return "flag " + why.replace("an artifact or a log may carry into a command",
+                                         "a fold round takes from a log").replace(
+                "an artifact may not carry", "a fold round does not take")
     return None

@@ -92,15 +92,17 @@ def _blob(out: Path, data: bytes) -> tuple[str, int]:
     return digest, len(data)
 
 
-def write_artifact(out: Path, compressed: bytes, manifest: dict) -> Path:
-    """An OCI layout holding one bake, laid out like cachebake.artifact.pack writes it."""
+def write_artifact(out: Path, compressed: bytes, manifest: dict, *, config_diff_ids: list | None = None) -> Path:
+    """An OCI layout holding one bake, laid out like cachebake.artifact.pack writes it.
+    ``config_diff_ids``: the image config's rootfs.diff_ids (default: the manifest's one)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     layer_digest, layer_size = _blob(out, compressed)
     manifest = dict(manifest, layer=dict(manifest["layer"], digest=layer_digest, size=layer_size))
     config = {"architecture": "amd64", "os": "linux",
               "config": {"Labels": {"dev.cachebake.manifest": json.dumps(manifest, sort_keys=True)}},
-              "rootfs": {"type": "layers", "diff_ids": [manifest["layer"]["diff_id"]]}}
+              "rootfs": {"type": "layers", "diff_ids": (config_diff_ids if config_diff_ids is not None
+                                                        else [manifest["layer"]["diff_id"]])}}
     cfg_digest, cfg_size = _blob(out, json.dumps(config, sort_keys=True).encode())
     image = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
              "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
