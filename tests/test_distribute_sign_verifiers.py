@@ -6,12 +6,12 @@ Debian's docker-registry 2.8 on 127.0.0.1:
   requirement with a PEM key (``keyPath``/``keyData``), the code `skopeo copy` and podman run
   on pull, with a registries.d file saying ``use-sigstore-attachments: true``.  Debian 12's
   skopeo was built with sigstore turned off; ``$CACHEBAKE_SIGSTORE_SKOPEO`` names one that has
-  it (.ci/newer-skopeo.sh: Debian 13's skopeo 1.18).
+  it (.ci/newer-skopeo.sh: Debian 13's skopeo 1.18; found without the export where .ci/run put it).
 * the Sigstore bundle form (an OCI 1.1 referrer, found through the referrers tag schema):
   sigstore-js (@sigstore/bundle + @sigstore/verify, pinned in tests/verifiers/package-lock.json)
   verifies the bundle over the image manifest's bytes with the PEM key, through
-  tests/verifiers/verify-bundle.js.  ``$CACHEBAKE_SIGSTORE_JS`` names its node_modules
-  (default tests/verifiers/node_modules: ``npm ci --prefix tests/verifiers``).
+  tests/verifiers/verify-bundle.js.  ``$CACHEBAKE_SIGSTORE_JS`` names its node_modules (else
+  .ci/run's, .ci/sigstore-js.sh, else tests/verifiers/node_modules: ``npm ci --prefix tests/verifiers``).
 
 Without either the tests skip and say why; with ``$CACHEBAKE_REQUIRE_STOCK_VERIFIERS`` set
 (.ci/run sets it) they fail instead.  sigstore-python is not used: its verifier takes only
@@ -39,6 +39,11 @@ SKOPEO_ENV = "CACHEBAKE_SIGSTORE_SKOPEO"
 SIGSTORE_JS_ENV = "CACHEBAKE_SIGSTORE_JS"
 REQUIRE_ENV = "CACHEBAKE_REQUIRE_STOCK_VERIFIERS"
 VERIFIERS = Path(__file__).parent / "verifiers"
+# Where .ci/run puts them (CI_DIR=${CACHEBAKE_CI_DIR:-/opt/cachebake-ci}): the fast lane, run in
+# .ci/run's environment without its exports, finds them there (test_ci_puts_the_verifiers_here).
+CI_DIR = Path(os.environ.get("CACHEBAKE_CI_DIR") or "/opt/cachebake-ci")
+CI_SKOPEO = CI_DIR / "skopeo-trixie" / "bin" / "skopeo"
+CI_SIGSTORE_JS = CI_DIR / "sigstore-js" / "node_modules"
 REJECTED = "Source image rejected"  # containers/image's policy refusal, as skopeo prints it
 # cosign's payload names the repository without tag or digest (its docker-reference), ours too:
 # containers/image's default rule for sigstoreSigned (matchRepoDigestOrExact) wants a tag or
@@ -70,6 +75,15 @@ def _sign(ref: str, key: Path) -> dict:
     r = cli("sign", ref, "--key", key, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def test_ci_puts_the_verifiers_here():
+    """.ci/run fetches both and requires them; the paths this module falls back to are its."""
+    ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    assert 'newer-skopeo.sh trixie "$CI_DIR/skopeo-trixie")' in ci and 'sigstore-js.sh "$CI_DIR")' in ci
+    assert "CACHEBAKE_REQUIRE_STOCK_VERIFIERS=1" in ci
+    script = (Path(__file__).parents[1] / ".ci" / "sigstore-js.sh").read_text()
+    assert 'echo "$dest/sigstore-js/node_modules"' in script
 
 
 # ------------------------------------------------------------------ skopeo: cosign's form
@@ -125,7 +139,7 @@ class Skopeo:
 @pytest.fixture(scope="module")
 def skopeo(registry, keys, tmp_path_factory) -> Skopeo:
     """A skopeo whose containers/image verifies ``sigstoreSigned``, probed on a signed image."""
-    exe = os.environ.get(SKOPEO_ENV) or shutil.which("skopeo")
+    exe = os.environ.get(SKOPEO_ENV) or (str(CI_SKOPEO) if os.access(CI_SKOPEO, os.X_OK) else shutil.which("skopeo"))
     if not exe:
         _unavailable(f"no skopeo (set ${SKOPEO_ENV}; .ci/newer-skopeo.sh fetches one)")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
@@ -273,7 +287,8 @@ class SigstoreJS:
 @pytest.fixture(scope="module")
 def sigstore_js(tmp_path_factory) -> SigstoreJS:
     node = shutil.which("node") or shutil.which("nodejs")
-    modules = Path(os.environ.get(SIGSTORE_JS_ENV) or VERIFIERS / "node_modules")
+    modules = Path(os.environ.get(SIGSTORE_JS_ENV) or (CI_SIGSTORE_JS if CI_SIGSTORE_JS.is_dir() else
+                                                       VERIFIERS / "node_modules"))
     if not node:
         _unavailable("no node (apt-get install nodejs npm; .ci/run does)")
     if not (modules / "@sigstore" / "verify" / "package.json").is_file():
