@@ -7,16 +7,15 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
-import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from installkit import baked, cli, tree_state  # noqa: F401
+from registrykit import push_image as _push_image
+from registrykit import running_registry
 
 from cachebake.distribute import keys as keyring
 from cachebake.distribute import sign
@@ -80,52 +79,11 @@ def test_keys_p256_only_and_policy_files(tmp_path):
 
 # ------------------------------------------------------------------------- a real registry
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """Debian's docker-registry on 127.0.0.1 (what .ci/run installs), or a skip."""
-    exe = shutil.which("docker-registry")
-    if not exe or not shutil.which("skopeo"):
-        pytest.skip("needs docker-registry and skopeo (apt-get install docker-registry skopeo; .ci/run does)")
-    root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
-    (root / "reg.yml").write_text(json.dumps({
-        "version": 0.1, "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(root / "data")}, "delete": {"enabled": True}},
-        "http": {"addr": f"127.0.0.1:{port}"}}))  # JSON is YAML
-    log = open(root / "reg.log", "wb")
-    proc = subprocess.Popen([exe, "serve", str(root / "reg.yml")], stdout=log, stderr=log)
-    host = f"127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail((root / "reg.log").read_text())
-            time.sleep(0.1)
-    yield host
-    proc.terminate()
-    proc.wait(30)
-    log.close()
-
-
-def _push_image(registry: str, repo: str, tag: str, content: bytes, tmp: Path) -> str:
-    """A small OCI image (one layer) pushed with skopeo; its manifest digest."""
-    layout = sign.Layout(tmp / f"img-{tag}")
-    layer = layout.blob(content, "application/vnd.oci.image.layer.v1.tar")
-    config = layout.blob(json.dumps({"architecture": "amd64", "os": "linux",
-                                     "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]}}).encode(),
-                         sign.OCI_CONFIG)
-    _, desc = layout.manifest({"schemaVersion": 2, "mediaType": sign.OCI_MANIFEST, "config": config,
-                               "layers": [layer]}, tag)
-    layout.push(tag, RegistryRef(registry, repo, tag), RegistryOptions())
-    return desc["digest"]
+    with running_registry(tmp_path_factory.mktemp("registry")) as host:
+        yield host
 
 
 @pytest.fixture(scope="module")
