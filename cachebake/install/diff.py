@@ -441,6 +441,14 @@ def pair(entries_a: list[Entry], entries_b: list[Entry], factors: list[Factor], 
 
 
 # ------------------------------------------------------------------------------ reading
+def verify_layer(source, ref) -> None:
+    """Read ``ref``'s layer through its digest check, unpacking nothing: two bakes that declare
+    one layer are equal only where each side's blob is that layer (CorruptArtifact, exit 5)."""
+    with source.open_layer(ref) as compressed:
+        while compressed.read(1 << 20):
+            pass
+
+
 def bake_entries(source, ref, workdir: Path) -> list[Entry]:
     """Unpack ``ref``'s layer into ``workdir`` as install reads it, and list its entries."""
     from cachebake.install import extract
@@ -504,6 +512,8 @@ def diff_artifacts(a: str, b: str, *, target: str | None = None, target_a: str |
             ref_a, ref_b = src_a.select(x), src_b.select(y)
             d = BakeDiff(x, y, key_factors(ref_a.manifest, ref_b.manifest))
             if ref_a.layer_digest == ref_b.layer_digest:  # one layer: every entry the same
+                verify_layer(src_a, ref_a)  # if each side holds the layer it declares
+                verify_layer(src_b, ref_b)
                 d.same_layer = True
             else:
                 ea = bake_entries(src_a, ref_a, Path(tmp) / f"a{i}")
