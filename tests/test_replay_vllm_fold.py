@@ -107,6 +107,22 @@ def test_a_pods_serving_flags_are_left_out_not_refused(served, base_art, tmp_pat
     assert "left out (serving only, never applied): --load-format --port --tokenizer" in text.output
 
 
+@pytest.mark.parametrize("value", ["--trust-remote-code", "-trust-remote-code", "auto --trust-remote-code"])
+def test_a_value_that_reads_as_a_flag_is_not_folded(base_art, logged, tmp_path, value):
+    """The plan shows the round as a `cachebake build --serve-args '...'` command line: a logged
+    value that parses there as a flag of its own would turn remote code on when it is run."""
+    lines = [json.loads(x) for x in logged.read_text().splitlines()]
+    forged = tmp_path / "forged.jsonl"
+    for e in lines:
+        e["serve_args"] = {"dtype": value}
+    forged.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    r = run("replay", "--base", base_art, "--misses", forged, "--out", tmp_path / "n", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["vllm"] == [] and "trust" not in json.dumps([rnd["argv"] for rnd in doc["vllm"]])
+    assert all("--dtype has a value that is no plain token" in f["reason"] for f in doc["failed"])
+
+
 def test_dirs_the_base_has_are_not_planned(base_art, logged, tmp_path):
     lines = [json.loads(x) for x in logged.read_text().splitlines()]
     e = next(x for x in lines if x["unit"] == "backend")

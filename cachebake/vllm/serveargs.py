@@ -312,7 +312,9 @@ SERVING_ONLY_FLAGS = frozenset({
     "response_role", "enable_auto_tool_choice", "tool_call_parser", "enable_request_id_headers",
     "disable_fastapi_docs", "enable_prompt_tokens_details", "return_tokens_as_token_ids",
 })
-_FOLD_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
+# A value that starts with "-" would read as a flag of its own in the round's command line
+# (the plan shows `--serve-args '--dtype --trust-remote-code'`); numbers are logged as numbers.
+_FOLD_TOKEN = re.compile(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}\Z")
 
 
 def fold_flag_problem(serve_args: Any) -> str | None:
