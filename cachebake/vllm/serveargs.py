@@ -135,10 +135,15 @@ def parse_serve_args(text: str) -> dict[str, Any]:
     return out
 
 
+# Where model directories live unless the user names another: a bake's default model dir, the
+# k8s model volume's mount (cachebake.distribute.k8s), a fold round's model dir from a base.
+MODEL_DIR_BASE = "/models"
+
+
 def default_model_dir(recipe) -> str:
     """Where a bake puts a recipe's model when no path is given: pass the server's path instead."""
     slug = recipe.name.replace("/", "-")
-    return f"/models/{slug}-{recipe.variant}" if recipe.variant else f"/models/{slug}"
+    return f"{MODEL_DIR_BASE}/{slug}-{recipe.variant}" if recipe.variant else f"{MODEL_DIR_BASE}/{slug}"
 
 
 def resolve(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
@@ -317,15 +322,16 @@ SERVING_ONLY_FLAGS = frozenset({
 _FOLD_TOKEN = re.compile(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}\Z")
 
 
-def fold_flag_problem(serve_args: Any) -> str | None:
-    """Why logged serve args may not drive a fold round (None: they may): a mapping of
-    ``FOLD_FLAGS`` names to booleans, numbers, short tokens or lists of integers."""
+def fold_flag_problem(serve_args: Any, source: str = "a log") -> str | None:
+    """Why serve args from ``source`` (a miss log, or the base artifact's own warmup) may not
+    drive a fold round (None: they may): a mapping of ``FOLD_FLAGS`` names to booleans,
+    numbers, short tokens or lists of integers."""
     if not isinstance(serve_args, dict):
         return "no serve flags were logged"
     for key, value in serve_args.items():
         if key not in FOLD_FLAGS:
-            return (f"flag --{str(key).replace('_', '-')[:64]} is not one a fold round takes from a "
-                    "log (only flags that shape the compiled graphs, never code, places or models)")
+            return (f"flag --{str(key).replace('_', '-')[:64]} is not one a fold round takes from "
+                    f"{source} (only flags that shape the compiled graphs, never code, places or models)")
         if isinstance(value, bool) or value is None:
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
