@@ -108,7 +108,10 @@ def parse_serve_args(text: str) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise BadInput("--serve-args JSON must be an object")
         return data
-    words = shlex.split(text)
+    try:
+        words = shlex.split(text)
+    except ValueError as e:  # an unbalanced quote or a trailing backslash
+        raise BadInput(f"--serve-args: {str(e).lower()} (the flags are read as a shell would)") from None
     out: dict[str, Any] = {}
     i = 0
     while i < len(words):
