@@ -136,3 +136,28 @@ def test_a_fifo_or_link_named_as_a_log(tmp_path):
     (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nothing")
     res = CliRunner().invoke(main, ["misses", str(tmp_path / "dangling.jsonl")])
     assert res.exit_code == 3 and "a link to nothing" in res.output
+
+
+def test_a_directory_nested_past_the_recursion_limit_is_walked_without_recursion(two_replicas, tmp_path):
+    """os.walk recurses once per level: a pod's tree 1200 deep was an internal error (exit 1).
+    Logs within MAX_LOG_DEPTH are found; deeper dirs are skipped and listed."""
+    import os
+
+    from cachebake.replay.misses import MAX_LOG_DEPTH
+
+    good = (two_replicas / "vllm-a" / "misses.jsonl").read_bytes()
+    top = tmp_path / "deep"
+    q = str(top)
+    os.mkdir(q)
+    for level in range(1, 1201):
+        q += "/d"
+        os.mkdir(q)
+        if level in (2, MAX_LOG_DEPTH + 1):
+            with open(q + "/misses.jsonl", "wb") as f:
+                f.write(good)
+    report = merge([str(top)])
+    assert report.logs == [str(top / "d" / "d" / "misses.jsonl")]
+    assert len(report.skipped) == 1 and "over 16 directories deep" in report.skipped[0]
+    res = CliRunner().invoke(main, ["misses", str(top) + "/d" * (MAX_LOG_DEPTH + 2)])  # below both logs
+    assert res.exit_code == 3 and "Traceback" not in res.output
+    assert "no *.jsonl miss logs" in res.output and "directories deep" in res.output
