@@ -139,6 +139,27 @@ def test_one_declared_layer_is_equal_only_where_both_blobs_are_that_layer(bakes,
         assert "Traceback" not in r.output and "equal" not in r.stdout
 
 
+def test_one_declared_layer_with_a_tampered_record_is_not_equal(tmp_path):
+    """Two bakes with one layer: B's compile record blob rewritten (another module named)."""
+    import aot
+
+    cache = tmp_path / "c" / "triton"
+    aot.compile_in_subprocess(cache, specs=aot.SPECS[:1])
+    record = {"format_version": 1, "compiles": [], "autotune": []}
+    from cachebake.capture.record import CompileRecord
+
+    a = tmp_path / "A"
+    pack_artifact([parse_root(f"triton={cache}")], a, target="sm_90", record=CompileRecord.from_dict(record))
+    bad = tmp_path / "B"
+    shutil.copytree(a, bad)
+    desc = open_artifact(bad).select().manifest.record
+    blob = bad / "blobs" / "sha256" / desc["digest"].split(":")[1]
+    blob.write_text(json.dumps({**record, "triton_key": "another"}))
+    assert CliRunner().invoke(main, ["diff", str(a), str(a)]).exit_code == 0
+    r = CliRunner().invoke(main, ["diff", str(a), str(bad)])
+    assert r.exit_code == ExitCode.CORRUPT and "Traceback" not in r.output, r.output
+
+
 def test_ir_signature_strips_locations():
     src = (b'module {\n  tt.func public @k(%x: !tt.ptr<f32> {tt.divisibility = 16 : i32} loc("x"(#loc)), '
            b'%n: i32 loc("n"(#loc3))) attributes {noinline = false} {\n')

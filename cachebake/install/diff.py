@@ -443,7 +443,8 @@ def pair(entries_a: list[Entry], entries_b: list[Entry], factors: list[Factor], 
 # ------------------------------------------------------------------------------ reading
 def verify_layer(source, ref) -> None:
     """Read ``ref``'s layer through its digest check, unpacking nothing: two bakes that declare
-    one layer are equal only where each side's blob is that layer (CorruptArtifact, exit 5)."""
+    one layer are equal only where each side's blob is that layer (CorruptArtifact, exit 5);
+    the caller reads each side's compile record too (``_record``: through its digest)."""
     with source.open_layer(ref) as compressed:
         while compressed.read(1 << 20):
             pass
@@ -512,8 +513,9 @@ def diff_artifacts(a: str, b: str, *, target: str | None = None, target_a: str |
             ref_a, ref_b = src_a.select(x), src_b.select(y)
             d = BakeDiff(x, y, key_factors(ref_a.manifest, ref_b.manifest))
             if ref_a.layer_digest == ref_b.layer_digest:  # one layer: every entry the same
-                verify_layer(src_a, ref_a)  # if each side holds the layer it declares
-                verify_layer(src_b, ref_b)
+                for src, ref in ((src_a, ref_a), (src_b, ref_b)):  # each side holds what it declares
+                    verify_layer(src, ref)
+                    _record(src, ref)
                 d.same_layer = True
             else:
                 ea = bake_entries(src_a, ref_a, Path(tmp) / f"a{i}")
