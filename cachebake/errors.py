@@ -272,11 +272,14 @@ ERROR_PREFIX = "cachebake: error: "
 # sequence that can move the cursor, rewrite what is shown, set the title, or on some
 # terminals write files).  Kernel names, keys, paths and registry messages come from
 # artifacts, logs and other programs.
-_CONTROL = dict.fromkeys([*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0)], "\ufffd")
+# Lone surrogates too (a file name read with surrogateescape, a str built in memory): no UTF-8
+# stream can encode one, and a print of it raises instead of showing it.
+_CONTROL = dict.fromkeys([*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0), *range(0xD800, 0xE000)], "\ufffd")
 
 
 def printable(value) -> str:
-    """``value`` as text a terminal only shows: every control character replaced by U+FFFD.
+    """``value`` as text a terminal only shows: every control character (and lone surrogate)
+    replaced by U+FFFD.
     The text views' ``cli.render.safe`` adds rich markup escaping on top."""
     return str(value).translate(_CONTROL)
 

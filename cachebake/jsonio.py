@@ -2,9 +2,10 @@
 
 Reading (``read_document``): regular files only, opened without following a link and without
 blocking (a FIFO is refused after ``fstat``, never read), and at most a per-document cap of
-bytes.  Parsing (``parse_json``): UTF-8 only, no duplicate keys (two parsers could pick
-different values), no NaN/Infinity, and nesting no deeper than ``MAX_NESTING``: Python's json
-raises RecursionError on deep input and our own code walks these documents recursively.
+bytes.  Parsing (``parse_json``): UTF-8 only (no unpaired ``\\uD800`` escape either), no
+duplicate keys (two parsers could pick different values), no NaN/Infinity, and nesting no
+deeper than ``MAX_NESTING``: Python's json raises RecursionError on deep input and our own
+code walks these documents recursively.
 Writing (``dumps``): what cachebake writes passes that reader (non-finite floats become
 strings), since registries, jq and Go refuse NaN and Infinity too.  A document written to a
 file the user names goes through ``write_json_atomic``: whole or not at all, 0644.
@@ -183,14 +184,38 @@ def parse_json(data: bytes | str, document: str, *, allow_non_finite: bool = Fal
         raw = data.encode("utf-8", "surrogatepass")
     _check_nesting(raw, document)
     try:
-        return json.loads(data, object_pairs_hook=_no_duplicates(document),
-                          parse_constant=float if allow_non_finite else _no_constant(document))
+        doc = json.loads(data, object_pairs_hook=_no_duplicates(document),
+                         parse_constant=float if allow_non_finite else _no_constant(document))
+        if _SURROGATE_ESCAPE.search(raw):  # rare: only then is every string walked
+            _check_no_lone_surrogate(doc, document)
+        return doc
     except RecursionError:  # unreachable after _check_nesting; kept so no traceback escapes
         raise InvalidDocument(document, "", f"nests deeper than {MAX_NESTING} levels") from None
     except ValueError as e:  # JSONDecodeError, and int() over Python's digit limit
         if isinstance(e, InvalidDocument):
             raise
         raise InvalidDocument(document, "", f"is not valid JSON ({str(e).splitlines()[0]})") from None
+
+
+# A \uD800-\uDFFF escape: json.loads turns an unpaired one into a lone surrogate, a str that
+# no UTF-8 stream (a terminal, a file, --json) can encode; a valid document never holds one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_no_lone_surrogate(value: Any, document: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidDocument(document, "", "holds an unpaired UTF-16 surrogate (\\uD800-\\uDFFF), "
+                                  "which is no Unicode character") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_no_lone_surrogate(k, document)
+            _check_no_lone_surrogate(v, document)
+    elif isinstance(value, list):
+        for v in value:
+            _check_no_lone_surrogate(v, document)
 
 
 # On the UTF-8 bytes: the four brackets are ASCII, which UTF-8 never uses inside a multi-byte

@@ -163,7 +163,7 @@ def test_prune_ir_keeps_binaries_and_rewrites_groups(triton_cache, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "not_a_cache", "file", "out_is_a_file", "out_is_other_dir",
-                                  "bad_role"])
+                                  "bad_role", "out_links_to_an_empty_dir", "out_links_to_an_artifact"])
 def test_bad_input_one_line_exit_3_nothing_written(case, triton_cache, tmp_path):
     out = tmp_path / "out"
     root = str(triton_cache)
@@ -185,6 +185,14 @@ def test_bad_input_one_line_exit_3_nothing_written(case, triton_cache, tmp_path)
         (out / "precious.txt").write_text("keep me")
     elif case == "bad_role":
         root = f"cuda={triton_cache}"
+    elif case.startswith("out_links_to"):  # the swap would replace the link and leave it beside
+        target = tmp_path / "elsewhere"
+        if case.endswith("artifact"):
+            _pack(triton_cache, target)
+        else:
+            target.mkdir()
+        out.symlink_to(target)
+        snapshot_target = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
     before = sorted(p.name for p in tmp_path.iterdir())
     snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.is_dir() else None
     result = CliRunner().invoke(main, ["pack", root, "--out", str(out), "--target", "sm_90"])
@@ -196,6 +204,9 @@ def test_bad_input_one_line_exit_3_nothing_written(case, triton_cache, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp dir left behind
     if case == "out_is_a_file":
         assert out.read_text() == "precious"
+    if case.startswith("out_links_to"):
+        assert out.is_symlink() and "symbolic link" in lines[0]
+        assert {p: p.read_bytes() for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()} == snapshot_target
     if snapshot is not None:
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot
 

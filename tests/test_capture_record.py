@@ -99,6 +99,18 @@ def test_malformed_records_are_refused_with_a_named_document(doc, err):
         CompileRecord.from_json(doc)
 
 
+@pytest.mark.parametrize("doc, message", [
+    ({"format_version": "1", "compiles": []}, "compile record format '1' is not supported"),
+    ({"format_version": 1, "compiles": [], "triton_key": "k" * 100_000}, "100000 characters, over 512"),
+    ({"format_version": 1, "compiles": [], "triton_key": 5}, "an integer, not a string"),
+])
+def test_a_refusal_says_what_is_wrong(doc, message):
+    """Not "format 1 is not supported (this cachebake reads 1)", not "a string, not a string"."""
+    with pytest.raises((InvalidDocument, Unsupported)) as err:
+        CompileRecord.from_json(json.dumps(doc))
+    assert message in err.value.line()
+
+
 def _doc(**entry_fields) -> dict:
     d = spec().to_dict()
     d.update(entry_fields)

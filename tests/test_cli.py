@@ -90,6 +90,8 @@ CASES = [
     (["build", "--tp", "0", "--model", "nemotron-h"], U),
     (["build", "--serve-args", '{"enforce_eager": true}', "--model", "nemotron-h"], U),
     (["build", "--serve-args", "{broken", "--model", "nemotron-h"], U),
+    (["build", "--serve-args", "--dtype 'bfloat16", "--model", "nemotron-h"], U),  # no closing quote
+    (["build", "--serve-args", "--dtype bf16 \\", "--model", "nemotron-h"], U),  # trailing backslash
     (["build", "--driver", "magic", "--model", "nemotron-h"], U),
     (["build", "--layer-root", "here", "--", "true"], U),
     (["build", "--image", "img", "--keep-root", "--", "true"], U),

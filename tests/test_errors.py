@@ -54,3 +54,13 @@ def test_an_error_line_reaches_the_terminal_without_control_sequences():
     out = buf.getvalue()
     assert out.count("\n") == 1 and "\x1b" not in out and "\x07" not in out
     assert out.startswith("cachebake: error: registry said: \ufffd]0;owned")
+
+
+def test_printable_replaces_lone_surrogates():
+    """A file name read with surrogateescape, or a str from a lenient parser: printing it to a
+    UTF-8 stream would raise instead of showing it."""
+    from cachebake.errors import printable
+
+    text = printable("k\udcff\ud800x\u00e9")
+    assert text == "k\ufffd\ufffdx\u00e9"
+    text.encode("utf-8")

@@ -4,6 +4,7 @@ tests/data), compared entry by entry, with the key factors that explain each cha
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -113,6 +114,50 @@ def test_corrupt_blob_is_refused_as_install_would(bakes, tmp_path):
     layer.write_bytes(bytes(data))
     r = CliRunner().invoke(main, ["diff", str(bakes["a"]), str(bad)])
     assert r.exit_code == ExitCode.CORRUPT and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("how", ["flipped", "missing", "link", "fifo"])
+def test_one_declared_layer_is_equal_only_where_both_blobs_are_that_layer(bakes, tmp_path, how):
+    """Both bakes declare one layer digest (no entry compared): B's blob must still be it."""
+    bad = tmp_path / "bad"
+    shutil.copytree(bakes["a"], bad)
+    ref = open_artifact(bad).select()
+    layer = bad / "blobs" / "sha256" / ref.layer_digest.split(":")[1]
+    if how == "flipped":
+        data = bytearray(layer.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        layer.write_bytes(bytes(data))
+    else:
+        layer.unlink()
+        if how == "link":
+            layer.symlink_to("/dev/zero")
+        elif how == "fifo":
+            os.mkfifo(layer)
+    for a, b in ((bakes["a"], bad), (bad, bakes["a"])):
+        r = CliRunner().invoke(main, ["diff", str(a), str(b)])
+        assert r.exit_code in (ExitCode.CORRUPT, ExitCode.BAD_INPUT), r.output
+        assert "Traceback" not in r.output and "equal" not in r.stdout
+
+
+def test_one_declared_layer_with_a_tampered_record_is_not_equal(tmp_path):
+    """Two bakes with one layer: B's compile record blob rewritten (another module named)."""
+    import aot
+
+    cache = tmp_path / "c" / "triton"
+    aot.compile_in_subprocess(cache, specs=aot.SPECS[:1])
+    record = {"format_version": 1, "compiles": [], "autotune": []}
+    from cachebake.capture.record import CompileRecord
+
+    a = tmp_path / "A"
+    pack_artifact([parse_root(f"triton={cache}")], a, target="sm_90", record=CompileRecord.from_dict(record))
+    bad = tmp_path / "B"
+    shutil.copytree(a, bad)
+    desc = open_artifact(bad).select().manifest.record
+    blob = bad / "blobs" / "sha256" / desc["digest"].split(":")[1]
+    blob.write_text(json.dumps({**record, "triton_key": "another"}))
+    assert CliRunner().invoke(main, ["diff", str(a), str(a)]).exit_code == 0
+    r = CliRunner().invoke(main, ["diff", str(a), str(bad)])
+    assert r.exit_code == ExitCode.CORRUPT and "Traceback" not in r.output, r.output
 
 
 def test_ir_signature_strips_locations():

@@ -39,7 +39,12 @@ def test_what_install_writes_is_the_marker_and_reads_back_equal(install_dir):
 
 @pytest.mark.parametrize("field, value", [("left_out", {"vllm": 3}), ("left_out", {"../etc": "x"}), ("roles", ["triton", "nope"]),
                                           ("files", {"triton/x": "12"}), ("layer_digest", "sha256:xyz"),
-                                          ("sealed_ctime_ns", True), ("relocated", [])])
+                                          ("sealed_ctime_ns", True), ("relocated", []),
+                                          # names check_tree stats and messages print (a forged marker)
+                                          ("files", {"triton/../../../etc/passwd": 1}), ("files", {"/etc/passwd": 1}),
+                                          ("files", {"vllm/x": 1}), ("files", {"triton/a\x00b": 1}),
+                                          ("files", {"triton/\x9b2Jx": 1}), ("dirs", ["triton/.."]),
+                                          ("dirs", ["triton//x"])])
 def test_a_wrong_field_is_refused_by_name_and_the_next_install_repairs(install_dir, baked, field, value):
     to, report = install_dir
     path = _marker_file(to)

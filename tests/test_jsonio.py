@@ -90,3 +90,16 @@ def test_non_finite_numbers_only_where_asked():
     with pytest.raises(InvalidDocument, match="twice"):
         jsonio.parse_json(b'{"t": 1, "t": 2}', "doc", allow_non_finite=True)
 
+
+
+@pytest.mark.parametrize("doc", [b'{"k": "a\\ud800b"}', b'{"a\\udfff": 1}', b'[["\\uDC00"]]',
+                                 b'{"k": "\\ude00\\ud83d"}'])
+def test_an_unpaired_surrogate_escape_is_refused(doc):
+    """json.loads makes a lone surrogate of it: a str that printing or writing as UTF-8 raises on."""
+    with pytest.raises(InvalidDocument, match="unpaired UTF-16 surrogate"):
+        jsonio.parse_json(doc, "doc")
+
+
+def test_a_paired_surrogate_escape_and_escaped_backslashes_still_read():
+    assert jsonio.parse_json(b'{"k": "\\ud83d\\ude00"}', "doc") == {"k": "\U0001F600"}
+    assert jsonio.parse_json(b'{"k": "\\\\ud800"}', "doc") == {"k": "\\ud800"}

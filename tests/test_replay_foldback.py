@@ -194,6 +194,21 @@ def test_refusals(base, served, tmp_path):
         foldback.check_same_compiler({"triton_key": "another build", "triton_version": "3.6.0"}, "cuda:90")
 
 
+@pytest.mark.parametrize("in_the_way", ["file", "link"])
+def test_an_out_in_the_way_is_refused_before_anything_is_compiled(base, served, tmp_path, monkeypatch, in_the_way):
+    out = tmp_path / "out"
+    if in_the_way == "file":
+        out.write_text("keep")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        out.symlink_to(tmp_path / "elsewhere")
+    compiled = []
+    monkeypatch.setattr(foldback, "_fold_kernels", lambda *a, **k: compiled.append(1) or [])
+    with pytest.raises(BadInput, match="--out"):
+        foldback.fold_misses(base, served["logs"], out, allow_modules=KERNELS)
+    assert compiled == [] and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
+
+
 def test_cli_folds_then_the_missed_kernels_hit_elsewhere(base, served, tmp_path):
     """``cachebake replay --base ART --misses LOG --misses DIR --out ART2``, run where the
     serving variables are set (TRITON_CACHE_MANAGER=layered, an overlay): the engine's workers

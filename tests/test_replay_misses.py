@@ -90,6 +90,8 @@ def hostile_logs(two_replicas, tmp_path):
     lines = [json.dumps(e) for e in bad]
     lines.append('{"cachebake_miss": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}")  # deep
     lines.append('{"cachebake_miss": 1, "pad": "' + "x" * (2 << 20) + '"}')  # over the line bound
+    # an unpaired \ud800 escape: no UTF-8 stream can print the str json.loads makes of it
+    lines.append(json.dumps({**good, "kernel": "add_kernel"}).replace('"add_kernel"', '"add\\ud800_kernel"'))
     lines.append(json.dumps({**good, "kernel": HOSTILE_KERNEL, "pod": "pod-\x1b[31mred",
                              "time": "2026-11-30T20:02:12.920Z\x1b[2K"}))
     (d / "vllm-c").mkdir()
@@ -101,7 +103,7 @@ def hostile_logs(two_replicas, tmp_path):
 
 def test_bad_lines_are_counted_never_fatal(hostile_logs):
     report = merge([str(hostile_logs)])
-    assert report.malformed == 5 and report.unreadable == 3 and report.foreign == 2
+    assert report.malformed == 5 and report.unreadable == 4 and report.foreign == 2
     assert sorted(p.rsplit("/", 1)[1] for p in report.skipped) == [
         "blocked.jsonl (not a regular file)", "link.jsonl (not a regular file)"]
     assert any(g.kernel == HOSTILE_KERNEL for g in report.groups)  # kept as data, shown escaped
@@ -118,11 +120,11 @@ def test_cli_prints_hostile_names_as_text(hostile_logs):
     assert run.returncode == 0, run.stderr
     assert "\x1b" not in run.stdout + run.stderr and "\x07" not in run.stdout
     assert "[/x][link=file:///etc/passwd]k" in run.stdout  # markup shown as text, not applied
-    assert "lines skipped: 3 unreadable, 2 foreign, 5 malformed" in run.stdout
+    assert "lines skipped: 4 unreadable, 2 foreign, 5 malformed" in run.stdout
     assert "Traceback" not in run.stderr and run.stderr == ""
     doc = json.loads(subprocess.run([sys.executable, "-m", "cachebake.cli", "misses", str(hostile_logs),
                                      "--json"], capture_output=True, text=True, timeout=60).stdout)
-    assert (doc["malformed_lines"], doc["unreadable_lines"], doc["foreign_lines"]) == (5, 3, 2)
+    assert (doc["malformed_lines"], doc["unreadable_lines"], doc["foreign_lines"]) == (5, 4, 2)
 
 
 def test_a_fifo_or_link_named_as_a_log(tmp_path):
@@ -134,3 +136,36 @@ def test_a_fifo_or_link_named_as_a_log(tmp_path):
     (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nothing")
     res = CliRunner().invoke(main, ["misses", str(tmp_path / "dangling.jsonl")])
     assert res.exit_code == 3 and "a link to nothing" in res.output
+
+
+def test_a_directory_nested_past_the_recursion_limit_is_walked_without_recursion(two_replicas, tmp_path):
+    """os.walk recurses once per level: a pod's tree 1200 deep was an internal error (exit 1).
+    Logs within MAX_LOG_DEPTH are found; deeper dirs are skipped and listed."""
+    import os
+
+    from cachebake.replay.misses import MAX_LOG_DEPTH
+
+    good = (two_replicas / "vllm-a" / "misses.jsonl").read_bytes()
+    top = tmp_path / "deep"
+    q = str(top)
+    os.mkdir(q)
+    for level in range(1, 1201):
+        q += "/d"
+        os.mkdir(q)
+        if level in (2, MAX_LOG_DEPTH + 1):
+            with open(q + "/misses.jsonl", "wb") as f:
+                f.write(good)
+    try:
+        report = merge([str(top)])
+        assert report.logs == [str(top / "d" / "d" / "misses.jsonl")]
+        assert len(report.skipped) == 1 and "over 16 directories deep" in report.skipped[0]
+        res = CliRunner().invoke(main, ["misses", str(top) + "/d" * (MAX_LOG_DEPTH + 2)])  # below both logs
+        assert res.exit_code == 3 and "Traceback" not in res.output
+        assert "no *.jsonl miss logs" in res.output and "directories deep" in res.output
+    finally:  # bottom up, without recursion: pytest's own cleanup (shutil.rmtree) would hit the limit
+        while q != os.path.dirname(str(top)):
+            for name in os.listdir(q):
+                if not os.path.isdir(os.path.join(q, name)):
+                    os.unlink(os.path.join(q, name))
+            os.rmdir(q)
+            q = os.path.dirname(q)

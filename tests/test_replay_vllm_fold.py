@@ -86,19 +86,6 @@ def test_flags_that_load_code_or_name_places_are_not_folded(base_art, logged, tm
     assert "--max-num-seqs has a value a fold round does not take: must be an integer" in reasons
 
 
-def test_a_base_whose_own_serve_args_load_code_is_refused(installed, logged, tmp_path):
-    """Every round runs the base's warmup with its serve args on this machine: a base (an
-    artifact) recording one off the allowlist is refused, exit 6 naming it, nothing written."""
-    art = tmp_path / "evil-base"
-    bake = {**BAKE_SECTION, "serve_args": {"max_num_seqs": 64, "trust_remote_code": True}}
-    pack_artifact([CacheRoot("triton", installed), CacheRoot("vllm", vllm_tree(tmp_path / "bake"))], art,
-                  target="sm_90", bake=bake, layer_root=BAKE_ROOT)
-    out = tmp_path / "n"
-    r = run("replay", "--base", art, "--misses", logged, "--out", out, "--dry-run")
-    assert r.exit_code == 6, r.output
-    assert "bake.serve_args: --trust-remote-code is not one" in r.stderr and not out.exists()
-
-
 def test_a_logged_compilation_config_of_known_keys_is_folded_and_one_naming_a_path_is_not(base_art, logged,
                                                                                         tmp_path):
     lines = [json.loads(x) for x in logged.read_text().splitlines()]
@@ -133,6 +120,56 @@ def test_a_pods_serving_flags_are_left_out_not_refused(served, base_art, tmp_pat
     assert argv[argv.index("--serve-args") + 1] == "--max-num-seqs 64 --mamba-ssm-cache-dtype bfloat16"
     text = run("replay", "--base", base_art, "--misses", log, "--out", tmp_path / "n", "--dry-run")
     assert "left out (serving only, never applied): --load-format --port --tokenizer" in text.output
+
+
+@pytest.mark.parametrize("value", ["--trust-remote-code", "-trust-remote-code", "auto --trust-remote-code"])
+def test_a_value_that_reads_as_a_flag_is_not_folded(base_art, logged, tmp_path, value):
+    """The plan shows the round as a `cachebake build --serve-args '...'` command line: a logged
+    value that parses there as a flag of its own would turn remote code on when it is run."""
+    lines = [json.loads(x) for x in logged.read_text().splitlines()]
+    forged = tmp_path / "forged.jsonl"
+    for e in lines:
+        e["serve_args"] = {"dtype": value}
+    forged.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    r = run("replay", "--base", base_art, "--misses", forged, "--out", tmp_path / "n", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["vllm"] == [] and "trust" not in json.dumps([rnd["argv"] for rnd in doc["vllm"]])
+    assert all("--dtype has a value a fold round does not take" in f["reason"] for f in doc["failed"])
+
+
+@pytest.mark.parametrize("edit, reason", [
+    ({"serve_args": {"max_num_seqs": 64, "trust_remote_code": True}}, "--trust-remote-code is not one a fold round takes from an artifact"),
+    ({"serve_args": {"max_num_seqs": 64, "worker_extension_cls": "evil.X"}}, "--worker-extension-cls is not one"),
+    ({"serve_args": {"max_num_seqs": 64, "dtype": "--trust-remote-code"}}, "--dtype has a value a fold round does not take"),
+    ({"model": {"recipe": "nemotron-h", "path": "/etc"}}, "model dir /etc is not under /models"),
+    ({"model": {"recipe": "nemotron-h", "path": "/models/../root/.ssh"}}, "is not under /models"),
+    ({"model": {"recipe": "nemotron-h", "path": "/models/x\x9b2J"}}, "model dir /models/x\\x9b2J is not under"),
+])
+def test_the_base_artifacts_own_warmup_is_held_to_the_logs_rules(installed, logged, tmp_path, edit, reason):
+    """A round runs the base's recipe with its serve args and model dir: an artifact must not
+    turn remote code on or pick where the round writes the model's config.json."""
+    art = tmp_path / "forged-base"
+    pack_artifact([CacheRoot("triton", installed), CacheRoot("vllm", vllm_tree(tmp_path / "bake"))], art,
+                  target="sm_90", bake={**BAKE_SECTION, **edit}, layer_root=BAKE_ROOT)
+    r = run("replay", "--base", art, "--misses", logged, "--out", tmp_path / "n", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["vllm"] == [] and len(doc["failed"]) == 2
+    assert all(reason in f["reason"] for f in doc["failed"]), doc["failed"]
+    r = run("replay", "--base", art, "--misses", logged, "--out", tmp_path / "n")
+    assert r.exit_code == 0 and not [p for p in tmp_path.iterdir() if p.name.startswith(".n")]
+
+
+def test_a_bases_serving_only_flags_are_left_out_of_its_rounds(installed, logged, tmp_path):
+    art = tmp_path / "base-with-tokenizer"
+    bake = {**BAKE_SECTION, "serve_args": {"max_num_seqs": 64, "tokenizer": "/etc", "port": 8000}}
+    pack_artifact([CacheRoot("triton", installed), CacheRoot("vllm", vllm_tree(tmp_path / "bake"))], art,
+                  target="sm_90", bake=bake, layer_root=BAKE_ROOT)
+    r = run("replay", "--base", art, "--misses", logged, "--out", tmp_path / "n", "--dry-run", "--json")
+    [rnd] = json.loads(r.output)["vllm"]
+    assert "tokenizer" not in rnd["round_serve_args"] and "port" not in rnd["round_serve_args"]
+    assert "/etc" not in " ".join(rnd["argv"])
 
 
 def test_dirs_the_base_has_are_not_planned(base_art, logged, tmp_path):

@@ -252,3 +252,5 @@ def test_cli_misses_vllm_cache_refusals(served, base_art, tmp_path):
     assert r.exit_code == 2
     r = run("misses", tmp_path / "l1.jsonl", "--serve-args", "--x 1")
     assert r.exit_code == 2
+    r = run("misses", tmp_path / "l3.jsonl", "--vllm-cache", copy, "--bake", base_art, "--serve-args", "--x '")
+    assert r.exit_code == 2 and "no closing quotation" in r.output and not (tmp_path / "l3.jsonl").exists()

@@ -103,9 +103,12 @@ def check_writable(path: Path, option: str, shown: Path | None = None) -> None:
 
 def check_out(out: os.PathLike | str) -> Path:
     """``--out`` as an absolute path, refused (BadInput) unless it is a cachebake artifact, an
-    empty directory or a new path we can create: checked before any work (build runs it
-    before round 1)."""
+    empty directory or a new path we can create, and not a symbolic link (the artifact is
+    renamed into place at ``--out``: a link there would be swapped away, not written through):
+    checked before any work (build runs it before round 1)."""
     out = Path(os.path.abspath(os.fspath(out)))
+    if os.path.islink(out):  # the swap would replace the link itself and leave it beside --out
+        raise BadInput(f"--out {out} is a symbolic link: name the directory itself")
     try:
         if out.exists() and not (out.is_dir() and (oci.is_artifact(out) or not any(out.iterdir()))):
             raise BadInput(f"--out {out} exists and is not a cachebake artifact; refusing to overwrite it")

@@ -393,15 +393,17 @@ class CompileRecord:
             raise InvalidDocument(RECORD_DOCUMENT, "", "not a JSON object")
         version = d.get("format_version")
         if type(version) is not int or version != RECORD_FORMAT_VERSION:
-            raise Unsupported(f"compile record format {shown(version, 40)} is not supported "
+            raise Unsupported(f"compile record format {shown(repr(version), 40)} is not supported "
                               f"(this cachebake reads {RECORD_FORMAT_VERSION})")
         if not isinstance(d.get("compiles"), list) or not isinstance(d.get("autotune") or [], list):
             raise InvalidDocument(RECORD_DOCUMENT, "compiles", "not a list")
         build = {}
         for key in ("triton_version", "triton_key"):
             value = d.get(key)
-            if value is not None and not (isinstance(value, str) and len(value) <= MAX_NAME):
+            if value is not None and not isinstance(value, str):
                 raise InvalidDocument(RECORD_DOCUMENT, key, f"{_json_type(value)}, not a string")
+            if value is not None and len(value) > MAX_NAME:
+                raise InvalidDocument(RECORD_DOCUMENT, key, f"{len(value)} characters, over {MAX_NAME}")
             build[key] = value
         return cls(compiles=[CompileSpec.from_dict(c, f"compiles[{i}]") for i, c in enumerate(d["compiles"])],
                    autotune=[AutotuneSpec.from_dict(a, f"autotune[{i}]")

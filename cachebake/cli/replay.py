@@ -104,6 +104,14 @@ def misses_cmd(logs, vllm_cache, bake, target, serve_args, model_ref, as_json):
     from cachebake.replay.misses import merge, record_vllm_cache
 
     recorded = None
+    if serve_args is not None:  # a value of the wrong form: a usage error, before any scan
+        from cachebake.errors import BadInput
+        from cachebake.vllm.serveargs import parse_serve_args
+
+        try:
+            parse_serve_args(serve_args)
+        except BadInput as e:
+            raise click.BadParameter(str(e), param_hint="--serve-args") from None
     if vllm_cache:
         if len(logs) != 1 or os.path.isdir(logs[0]):
             raise click.UsageError("--vllm-cache appends to one LOG file: give exactly one")

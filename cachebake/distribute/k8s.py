@@ -86,6 +86,7 @@ from cachebake.errors import BadInput, InvalidDocument, Unsupported, UsageError
 from cachebake.install.environment import BakeFacts, ServerLayout, server_env
 from cachebake.roles import DEFAULT_ROOT, MISS_LOG_ENV, ROLE_ENV, role_dir
 from cachebake.serve.command import comment, one_line
+from cachebake.vllm.serveargs import MODEL_DIR_BASE
 
 PATTERNS = ("init", "image-volume")
 KINDS = ("deployment", "pod")
@@ -111,7 +112,7 @@ SERVER_TMP = "/tmp"  # an emptyDir too: IPC sockets, torch's and vLLM's temp fil
 # Where a model volume may be mounted when the path comes from an artifact (a --bake's
 # `vllm serve PATH`): under here, or under the user's --model-mount; never a system dir, the
 # service-account token dir, or a dir the Pod mounts something else at (issue 31).
-MODEL_MOUNT_BASE = "/models"
+MODEL_MOUNT_BASE = MODEL_DIR_BASE
 MODEL_VOLUME = "model"  # the PersistentVolumeClaim with the model, at the `vllm serve` path
 MISS_LOG_CONTAINER = "miss-log"  # the sidecar README's "Serving" collects from
 # Names of the containers this module adds: --name must not take one of them.

@@ -462,6 +462,15 @@ def pair(entries_a: list[Entry], entries_b: list[Entry], factors: list[Factor], 
 
 
 # ------------------------------------------------------------------------------ reading
+def verify_layer(source, ref) -> None:
+    """Read ``ref``'s layer through its digest check, unpacking nothing: two bakes that declare
+    one layer are equal only where each side's blob is that layer (CorruptArtifact, exit 5);
+    the caller reads each side's compile record too (``_record``: through its digest)."""
+    with source.open_layer(ref) as compressed:
+        while compressed.read(1 << 20):
+            pass
+
+
 def bake_entries(source, ref, workdir: Path) -> list[Entry]:
     """Unpack ``ref``'s layer into ``workdir`` as install reads it, and list its entries."""
     from cachebake.install import extract
@@ -525,6 +534,9 @@ def diff_artifacts(a: str, b: str, *, target: str | None = None, target_a: str |
             ref_a, ref_b = src_a.select(x), src_b.select(y)
             d = BakeDiff(x, y, key_factors(ref_a.manifest, ref_b.manifest))
             if ref_a.layer_digest == ref_b.layer_digest:  # one layer: every entry the same
+                for src, ref in ((src_a, ref_a), (src_b, ref_b)):  # each side holds what it declares
+                    verify_layer(src, ref)
+                    _record(src, ref)
                 d.same_layer = True
             else:
                 ea = bake_entries(src_a, ref_a, Path(tmp) / f"a{i}")

@@ -75,9 +75,10 @@ class InstallMarker:
         roles = schema.check_roles(c.get(doc, "roles", ""), c)
         dirs = c.array(c.get(doc, "dirs", ""), "dirs")
         for i, d in enumerate(dirs):
-            c.string(d, f"dirs[{i}]")
+            _check_tree_name(c, c.string(d, f"dirs[{i}]"), f"dirs[{i}]", roles)
         files = c.obj(c.get(doc, "files", ""), "files")
-        for name, size in files.items():
+        for i, (name, size) in enumerate(files.items()):
+            _check_tree_name(c, name, f"files (key {i})", roles)
             c.integer(size, f"files.{name}", hi=1 << 64)
         relocated = c.obj(doc.get("relocated", {}), "relocated")
         for role, n in relocated.items():
@@ -103,6 +104,16 @@ class InstallMarker:
             signature=dict(signature),
             warmup=_check_warmup(c, doc.get("warmup", {})),
         )
+
+
+def _check_tree_name(c: "schema.Checker", name: str, field_name: str, roles) -> None:
+    """A dir or file of the installed tree as install writes it: a normalized path relative to
+    the version dir, inside one of its roles, no ``..``, no NUL or control character.  The
+    names are stat'ed (``check_tree``) and printed: a forged marker names nothing outside."""
+    first = name.split("/", 1)[0]
+    if (not name or name.startswith("/") or ".." in name.split("/") or first not in roles
+            or os.path.normpath(name) != name or not name.isprintable()):
+        c.fail(field_name, f"{ascii(name)[1:-1][:80]} is not a path inside one of the install's roles")
 
 
 # What `verify` takes from a bake to run its warmup again: the in-process drivers' options.

@@ -348,10 +348,10 @@ def replay(source: os.PathLike | str, *, target: str, out: os.PathLike | str, jo
            progress: Callable[[str], None] | None = None,
            allow_modules: Iterable[str] = ()) -> ReplayReport:
     """The whole of ``cachebake replay``: load, compile into a fresh cache, pack."""
-    from cachebake.artifact.pack import CacheRoot, pack_artifact, work_dir_beside
+    from cachebake.artifact.pack import CacheRoot, check_out, pack_artifact, work_dir_beside
 
     loaded = load_record(source)
-    out_path = Path(out).absolute()
+    out_path = check_out(out)  # before any compile: an --out in the way wastes none
     # beside --out, locked while we live: what a killed replay leaves, the next pack removes
     work, lock_fd = work_dir_beside(out_path, "replay")
     result = None

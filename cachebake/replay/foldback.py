@@ -147,7 +147,7 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
     (kernel misses, vllm rounds with their command lines), nothing compiled or written."""
     from cachebake.replay import vllm_fold
 
-    from cachebake.artifact.pack import CacheRoot, pack_artifact, work_dir_beside
+    from cachebake.artifact.pack import CacheRoot, check_out, pack_artifact, work_dir_beside
     from cachebake.artifact.reader import open_source
 
     started = time.monotonic()
@@ -187,6 +187,7 @@ def fold_misses(base: os.PathLike | str, logs: list[str], out: os.PathLike | str
     if rounds:
         vllm_fold.preflight(rounds)  # exit 7 before anything is compiled or written
     _writable_parent(Path(out).absolute().parent)
+    check_out(out)  # before any compile: an --out in the way (a file, a link) wastes none
     # beside --out, locked while we live: what a killed fold leaves, the next pack removes
     work, lock_fd = work_dir_beside(Path(out).absolute(), "fold")
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from cachebake.capture.record import CompileSpec
-from cachebake.errors import BadInput, InvalidDocument, from_os_error
+from cachebake.errors import BadInput, InvalidDocument, from_os_error, shorten
 from cachebake.fsops import write_all
 from cachebake.jsonio import open_regular, parse_json
 from cachebake.serve.misslog import FORMAT
@@ -39,6 +39,7 @@ MAX_SERVE_ARGS = 64  # flags in a vllm line's serve_args (a recipe has 6)
 MAX_LINE_BYTES = 1 << 20  # a line with its record and an autotune's timings is a few kB
 MAX_FIELD = 1024  # characters of a name, key, time or replica field
 LINE_DOCUMENT = "miss line"
+MAX_LOG_DEPTH = 16  # directories below a LOG|DIR argument (kubectl cp: DIR/<pod>/misses.jsonl)
 
 
 @dataclass
@@ -99,22 +100,10 @@ def log_files(paths: list[str], skipped: list[str] | None = None) -> list[Path]:
     if not paths:
         raise BadInput("no miss log given (pass LOG files or directories holding them)")
     found: list[Path] = []
+    skipped = [] if skipped is None else skipped
     for p in map(Path, paths):
         if p.is_dir():
-            for dirpath, dirnames, filenames in os.walk(p, followlinks=False):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    if not name.endswith(".jsonl"):
-                        continue
-                    f = Path(dirpath, name)
-                    try:
-                        st = os.lstat(f)
-                    except OSError:  # gone since it was listed
-                        continue
-                    if stat.S_ISREG(st.st_mode):
-                        found.append(f)
-                    elif skipped is not None:
-                        skipped.append(f"{f} (not a regular file)")
+            found += _logs_under(p, skipped)
         elif p.is_file():
             found.append(Path(os.path.realpath(p)))
         elif os.path.lexists(p) and not p.exists():
@@ -124,7 +113,44 @@ def log_files(paths: list[str], skipped: list[str] | None = None) -> list[Path]:
         else:
             raise BadInput(f"{p}: no such miss log or directory")
     if not found:
-        raise BadInput(f"no *.jsonl miss logs under {', '.join(paths)}")
+        why = f" (skipped {len(skipped)}: {shorten(skipped[0], 200)}...)" if skipped else ""
+        raise BadInput(f"no *.jsonl miss logs under {', '.join(paths)}{why}")
+    return found
+
+
+def _logs_under(root: Path, skipped: list[str]) -> list[Path]:
+    """The ``*.jsonl`` regular files under ``root``, top-down, names sorted (os.walk's order),
+    without following a link and without recursion: a tree nested deeper than Python's
+    recursion limit (os.walk recurses once per level) is a pod's to make.  Directories past
+    MAX_LOG_DEPTH levels are skipped and listed, as is what is not a regular file."""
+    found: list[Path] = []
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            skipped.append(f"{d} (cannot be listed: {e.strerror or e})")
+            continue
+        subdirs = []
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:  # gone since it was listed
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if depth >= MAX_LOG_DEPTH:
+                    skipped.append(f"{e.path} (over {MAX_LOG_DEPTH} directories deep)")
+                else:
+                    subdirs.append(Path(e.path))
+            elif not e.name.endswith(".jsonl"):
+                continue
+            elif stat.S_ISREG(st.st_mode):
+                found.append(Path(e.path))
+            else:
+                skipped.append(f"{e.path} (not a regular file)")
+        stack += [(s, depth + 1) for s in reversed(subdirs)]
     return found
 
 

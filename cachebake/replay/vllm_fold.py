@@ -32,8 +32,7 @@ from pathlib import Path
 
 from cachebake.errors import Unsupported
 from cachebake.serve.vllm_misses import ROLE, Unit, unit_of, units_of
-from cachebake.vllm.serveargs import (SERVING_ONLY_FLAGS, carried_serve_args, fold_flag_problem,
-                                       serve_args_to_flags)
+from cachebake.vllm.serveargs import SERVING_ONLY_FLAGS, fold_flag_problem, serve_args_to_flags
 
 
 @dataclass
@@ -72,10 +71,10 @@ def plan_rounds(groups: list, base_units: set[Unit], bake_record, base: str, tar
     from cachebake.install.inventory import warmup_of
 
     warmup = warmup_of(bake_record)
-    if groups and warmup.get("serve_args") is not None:
-        # the base's args run on this machine under every round: the base is an artifact
-        warmup["serve_args"] = carried_serve_args(warmup["serve_args"], "the base bake's manifest",
-                                                  "bake.serve_args")
+    # the base's args run on this machine under every round: the base is an artifact, held to a
+    # log's rules (the one allowlist); a base that fails them keeps its rounds out, named
+    base_problem = base_warmup_problem(warmup)
+    base_args = {k: v for k, v in (warmup.get("serve_args") or {}).items() if k not in SERVING_ONLY_FLAGS}
     rounds: dict[str, VllmRound] = {}
     in_base, refused = [], []
     for g in groups:
@@ -92,17 +91,14 @@ def plan_rounds(groups: list, base_units: set[Unit], bake_record, base: str, tar
         if isinstance(args, dict):  # the server's own flags: how it was reached is no compile flag
             left_out = sorted(str(k) for k in args if k in SERVING_ONLY_FLAGS)
             args = {k: v for k, v in args.items() if k not in SERVING_ONLY_FLAGS}
-        problem = fold_flag_problem(args)
-        if problem is None and warmup.get("driver") != "vllm":
-            problem = ("the base bake records no vllm-driver warmup (recipe, serve args, model "
-                       "dir) to run again with these flags")
+        problem = fold_flag_problem(args) or base_problem
         if problem is not None:
             refused.append({**summary, "reason": f"not folded: {problem}"})
             continue
         ident = json.dumps(args, sort_keys=True)
         r = rounds.get(ident)
         if r is None:
-            merged = {**dict(warmup.get("serve_args") or {}), **args}
+            merged = {**base_args, **args}
             r = rounds[ident] = VllmRound(serve_args=dict(args), models=[], recipe=warmup["model"],
                                           tp=warmup.get("tp"), model_dir=warmup.get("model_dir"),
                                           round_serve_args=merged)
@@ -113,6 +109,32 @@ def plan_rounds(groups: list, base_units: set[Unit], bake_record, base: str, tar
             r.models.append(model)
         r.units.append(summary)
     return list(rounds.values()), in_base, refused
+
+
+def base_warmup_problem(warmup: dict) -> str | None:
+    """Why the base bake's own warmup may not drive a fold round (None: it may).  The base is an
+    artifact, so what it records is held to a log's rules: its serve args to ``FOLD_FLAGS``
+    (serving-only flags left out, as a log's are), its model dir a hub id or a normalized
+    absolute path under ``MODEL_DIR_BASE`` (the round writes the model's config.json there)."""
+    import posixpath
+
+    from cachebake.vllm.serveargs import MODEL_DIR_BASE, hub_repo_id
+
+    if warmup.get("driver") != "vllm":
+        return ("the base bake records no vllm-driver warmup (recipe, serve args, model dir) to run "
+                "again with these flags")
+    args = {k: v for k, v in (warmup.get("serve_args") or {}).items() if k not in SERVING_ONLY_FLAGS}
+    problem = fold_flag_problem(args, source="an artifact")
+    if problem is not None:
+        return f"the base bake's own serve args: {problem}"
+    model_dir = warmup.get("model_dir")
+    if model_dir and hub_repo_id(model_dir) is None and not (
+            isinstance(model_dir, str) and model_dir.startswith(MODEL_DIR_BASE + "/") and posixpath.normpath(model_dir) == model_dir
+            and model_dir.isascii() and model_dir.isprintable()):
+        return (f"the base bake's model dir {ascii(model_dir)[1:-1][:120]} is not under {MODEL_DIR_BASE}: a "
+                "round writes the model's config.json there (run the planned `cachebake build` yourself "
+                "with --model-dir)")
+    return None
 
 
 def round_argv(r: VllmRound, base: str, target: str, layer_root: str | None) -> list[str]:

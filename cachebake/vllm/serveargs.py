@@ -110,7 +110,10 @@ def parse_serve_args(text: str) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise BadInput("--serve-args JSON must be an object")
         return data
-    words = shlex.split(text)
+    try:
+        words = shlex.split(text)
+    except ValueError as e:  # an unbalanced quote or a trailing backslash
+        raise BadInput(f"--serve-args: {str(e).lower()} (the flags are read as a shell would)") from None
     out: dict[str, Any] = {}
     i = 0
     while i < len(words):
@@ -137,10 +140,15 @@ def parse_serve_args(text: str) -> dict[str, Any]:
     return out
 
 
+# Where model directories live unless the user names another: a bake's default model dir, the
+# k8s model volume's mount (cachebake.distribute.k8s), a fold round's model dir from a base.
+MODEL_DIR_BASE = "/models"
+
+
 def default_model_dir(recipe) -> str:
     """Where a bake puts a recipe's model when no path is given: pass the server's path instead."""
     slug = recipe.name.replace("/", "-")
-    return f"/models/{slug}-{recipe.variant}" if recipe.variant else f"/models/{slug}"
+    return f"{MODEL_DIR_BASE}/{slug}-{recipe.variant}" if recipe.variant else f"{MODEL_DIR_BASE}/{slug}"
 
 
 def resolve(model: str, tp: int | None = None, *, serve_args: dict[str, Any] | str | None = None,
@@ -295,7 +303,9 @@ def identity_serve_env(bake: dict[str, Any]) -> dict[str, str]:
 # draft model).  One table for every such reader (``SERVE_ARG_KINDS``); a user's own
 # --serve-args are theirs and never checked against it.
 
-_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
+# A value that starts with "-" would read as a flag of its own in a command line (a fold plan
+# showed `--serve-args '--dtype --trust-remote-code'`); numbers are logged as numbers.
+_TOKEN = re.compile(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}\Z")
 
 # Flags that only say how the server is reached, logs, or finds its weights and tokenizer, never
 # what it compiles: a fold round leaves them out of a logged flag set (named in its plan) rather
@@ -505,15 +515,16 @@ def carried_serve_args(serve_args: Any, document: str, field_name: str) -> dict[
     return dict(serve_args)
 
 
-def fold_flag_problem(serve_args: Any) -> str | None:
-    """Why logged serve args may not drive a fold round (None: they may): a mapping of
-    ``SERVE_ARG_KINDS`` names, each with a value of its kind."""
+def fold_flag_problem(serve_args: Any, source: str = "a log") -> str | None:
+    """Why serve args from ``source`` (a miss log, or the base artifact's own warmup) may not
+    drive a fold round (None: they may): a mapping of ``SERVE_ARG_KINDS`` names, each with a
+    value of its kind."""
     if not isinstance(serve_args, dict):
         return "no serve flags were logged"
     for key, value in serve_args.items():
         why = serve_arg_problem(key, value)
         if why is not None:
             return "flag " + why.replace("an artifact or a log may carry into a command",
-                                         "a fold round takes from a log").replace(
+                                         f"a fold round takes from {source}").replace(
                 "an artifact may not carry", "a fold round does not take")
     return None
