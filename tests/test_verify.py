@@ -183,6 +183,24 @@ def test_verify_refuses_an_installed_warmup_whose_serve_args_are_off_the_allowli
     assert "warmup.serve_args" in r.stderr and flag in r.stderr and "cannot run here" not in r.stderr
 
 
+@pytest.mark.parametrize("path", ["/etc", "/models/../root/.ssh", "../etc/x", "/models/x\x9b2J"])
+def test_verify_refuses_an_installed_warmup_whose_model_dir_is_not_under_models(tmp_path, baked, path):
+    """The vllm driver writes the model's config.json into its model dir: a path the artifact
+    recorded must be a hub id or under /models (the fold rule, one home), exit 6, nothing run."""
+    from cachebake.artifact.pack import CacheRoot, pack_artifact
+
+    art, to = tmp_path / "art", tmp_path / "to"
+    bake = {"driver": "vllm", "model": {"recipe": "nemotron-h:8b", "path": path},
+            "serve_args": {"tensor_parallel_size": 1}}
+    pack_artifact([CacheRoot("triton", baked / "triton")], art, target="sm_90", bake=bake)
+    runner = CliRunner()
+    assert runner.invoke(main, ["install", str(art), "--to", str(to), "--target", "sm_90"]).exit_code == 0
+    r = runner.invoke(main, ["verify", "--cache", str(to)])
+    assert r.exit_code == ExitCode.UNSAFE, r.output
+    assert "is not under /models" in r.stderr and "cannot run here" not in r.stderr
+    assert "\x9b" not in r.stderr
+
+
 def test_a_command_bake_records_no_warmup_and_verify_asks_for_one(tmp_path, baked):
     # a command line from a file in a shared volume is never what verify executes
     from cachebake.artifact.pack import CacheRoot, pack_artifact

@@ -116,9 +116,7 @@ def base_warmup_problem(warmup: dict) -> str | None:
     artifact, so what it records is held to a log's rules: its serve args to ``FOLD_FLAGS``
     (serving-only flags left out, as a log's are), its model dir a hub id or a normalized
     absolute path under ``MODEL_DIR_BASE`` (the round writes the model's config.json there)."""
-    import posixpath
-
-    from cachebake.vllm.serveargs import MODEL_DIR_BASE, hub_repo_id
+    from cachebake.vllm.serveargs import carried_model_dir_problem
 
     if warmup.get("driver") != "vllm":
         return ("the base bake records no vllm-driver warmup (recipe, serve args, model dir) to run "
@@ -127,13 +125,10 @@ def base_warmup_problem(warmup: dict) -> str | None:
     problem = fold_flag_problem(args, source="an artifact")
     if problem is not None:
         return f"the base bake's own serve args: {problem}"
-    model_dir = warmup.get("model_dir")
-    if model_dir and hub_repo_id(model_dir) is None and not (
-            isinstance(model_dir, str) and model_dir.startswith(MODEL_DIR_BASE + "/") and posixpath.normpath(model_dir) == model_dir
-            and model_dir.isascii() and model_dir.isprintable()):
-        return (f"the base bake's model dir {ascii(model_dir)[1:-1][:120]} is not under {MODEL_DIR_BASE}: a "
-                "round writes the model's config.json there (run the planned `cachebake build` yourself "
-                "with --model-dir)")
+    problem = carried_model_dir_problem(warmup.get("model_dir"))
+    if problem is not None:
+        return (f"the base bake's {problem} (run the planned `cachebake build` yourself with "
+                "--model-dir)")
     return None
 
 

@@ -28,7 +28,7 @@ from cachebake.bake.rounds import (Driver, RoundProgress, RoundReport, check_rou
 from cachebake.capture.env import ALL_ROLES, bake_env
 from cachebake.capture.events import Event
 from cachebake.vllm.identity import outcome_from_log, outcome_problem
-from cachebake.errors import BadInput, CompilesSeen, Interrupted, InvalidDocument, Unsupported
+from cachebake.errors import BadInput, CompilesSeen, Interrupted, InvalidDocument, Unsupported, UnsafeArtifact
 from cachebake.install.atomic import InstallDir
 from cachebake.roles import overlay_env
 from cachebake.serve import READS_ENV
@@ -117,6 +117,13 @@ def installed_warmup(cache: os.PathLike | str) -> dict:
 
         warmup["serve_args"] = carried_serve_args(warmup["serve_args"], os.path.join(cache, ".cachebake/install.json"),
                                                   "warmup.serve_args")
+    if warmup.get("driver") == "vllm":  # the driver writes the model's config.json there
+        from cachebake.vllm.serveargs import carried_model_dir_problem
+
+        problem = carried_model_dir_problem(warmup.get("model_dir"))
+        if problem is not None:
+            raise UnsafeArtifact(f"{os.path.join(cache, '.cachebake/install.json')}: warmup.{problem}",
+                                 hint="give --model and --model-dir yourself")
     return warmup
 
 

@@ -145,6 +145,21 @@ def parse_serve_args(text: str) -> dict[str, Any]:
 MODEL_DIR_BASE = "/models"
 
 
+def carried_model_dir_problem(model_dir: Any) -> str | None:
+    """Why a model dir an artifact recorded may not be where a round writes the model's
+    config.json (the vllm driver's warmup: verify's installed warmup, a fold round), None where
+    it may: a hub id, or a normalized absolute path under ``MODEL_DIR_BASE``, printable ASCII."""
+    import posixpath
+
+    if not model_dir or (isinstance(model_dir, str) and hub_repo_id(model_dir) is not None):
+        return None
+    if isinstance(model_dir, str) and model_dir.startswith(MODEL_DIR_BASE + "/") and \
+            posixpath.normpath(model_dir) == model_dir and model_dir.isascii() and model_dir.isprintable():
+        return None
+    return (f"model dir {ascii(model_dir)[1:-1][:120]} is not under {MODEL_DIR_BASE}: a round writes the "
+            "model's config.json there")
+
+
 def default_model_dir(recipe) -> str:
     """Where a bake puts a recipe's model when no path is given: pass the server's path instead."""
     slug = recipe.name.replace("/", "-")
